@@ -1,0 +1,1 @@
+"""specgate's OpenAI-compatible front door: auth -> tenant -> policy -> replica -> streaming proxy."""

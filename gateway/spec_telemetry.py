@@ -1,0 +1,99 @@
+"""Per-request speculation telemetry, accumulated as monotonic counters.
+
+The gateway adds each finished request's `metrics.speculative_decoding`
+(and usage) to counters keyed by (tenant, replica); the controller reads the
+counters and differentiates them itself, exactly as it does with vLLM's
+Prometheus counters. Counters (not events) keep the store bounded and make
+several gateway instances add up without coordination.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .store import Store
+
+INDEX_KEY = "telemetry:index"  # set of "tenant|replica"
+COUNTER_FIELDS = (
+    "requests",
+    "prompt_tokens",
+    "completion_tokens",
+    "spec_requests",  # requests that carried metrics.speculative_decoding
+    "num_spec_steps",  # verification steps (drafts) across those requests
+    "num_draft_tokens",
+    "num_accepted_draft_tokens",
+)
+
+
+def counters_key(tenant: str, replica: str) -> str:
+    return f"telemetry:{tenant}|{replica}"
+
+
+@dataclass(frozen=True)
+class RequestSpecStats:
+    """One finished request, as the gateway saw it."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    num_spec_steps: int | None = None
+    num_draft_tokens: int | None = None
+    num_accepted_draft_tokens: int | None = None
+
+    @classmethod
+    def from_response(cls, usage: dict | None, metrics: dict | None) -> "RequestSpecStats":
+        """Build from an OpenAI `usage` object and vLLM's `metrics` object."""
+        usage = usage or {}
+        spec = (metrics or {}).get("speculative_decoding") or {}
+        steps = spec.get("num_spec_steps")
+        if steps is None and spec.get("num_draft_tokens") is not None:
+            # Older summaries: derive steps from the mean acceptance length.
+            mal = spec.get("mean_acceptance_length") or 0
+            accepted = spec.get("num_accepted_draft_tokens") or 0
+            steps = round(accepted / (mal - 1)) if mal and mal > 1 else None
+        return cls(
+            prompt_tokens=int(usage.get("prompt_tokens") or 0),
+            completion_tokens=int(usage.get("completion_tokens") or 0),
+            num_spec_steps=steps,
+            num_draft_tokens=spec.get("num_draft_tokens"),
+            num_accepted_draft_tokens=spec.get("num_accepted_draft_tokens"),
+        )
+
+
+@dataclass
+class TelemetryCounters:
+    tenant: str
+    replica: str
+    values: dict[str, float] = field(default_factory=dict)
+
+    def get(self, name: str) -> float:
+        return self.values.get(name, 0.0)
+
+    @property
+    def acceptance_length(self) -> float | None:
+        steps = self.get("num_spec_steps")
+        return 1.0 + self.get("num_accepted_draft_tokens") / steps if steps else None
+
+
+async def record_request(store: Store, tenant: str, replica: str, stats: RequestSpecStats) -> None:
+    increments: dict[str, float] = {
+        "requests": 1,
+        "prompt_tokens": stats.prompt_tokens,
+        "completion_tokens": stats.completion_tokens,
+    }
+    if stats.num_draft_tokens is not None:
+        increments.update(
+            spec_requests=1,
+            num_spec_steps=stats.num_spec_steps or 0,
+            num_draft_tokens=stats.num_draft_tokens,
+            num_accepted_draft_tokens=stats.num_accepted_draft_tokens or 0,
+        )
+    await store.sadd(INDEX_KEY, f"{tenant}|{replica}")
+    await store.hincr(counters_key(tenant, replica), increments)
+
+
+async def read_all(store: Store) -> list[TelemetryCounters]:
+    result = []
+    for member in sorted(await store.smembers(INDEX_KEY)):
+        tenant, _, replica = member.partition("|")
+        result.append(TelemetryCounters(tenant, replica, await store.hgetall(counters_key(tenant, replica))))
+    return result

@@ -1,0 +1,167 @@
+"""Embedded in-memory store: the single-process default when no Redis URL is set.
+
+It mirrors `RedisStore` semantics exactly (sliding windows weighted by the
+previous window, lock TTLs, capped logs, pub/sub fan-out) so that code tested
+against one behaves the same against the other.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import math
+import time
+from collections import defaultdict, deque
+from typing import Any, AsyncIterator, Callable, Mapping
+
+from .base import WindowDecision
+
+
+class MemoryStore:
+    def __init__(self, prefix: str = "specgate:", clock: Callable[[], float] = time.time) -> None:
+        self.prefix = prefix
+        self._clock = clock
+        self._values: dict[str, tuple[Any, float | None]] = {}
+        self._hashes: dict[str, dict[str, float]] = defaultdict(dict)
+        self._sets: dict[str, set[str]] = defaultdict(set)
+        self._logs: dict[str, deque[Any]] = {}
+        self._windows: dict[tuple[str, int], dict[str, float]] = defaultdict(dict)
+        self._subscribers: dict[str, set[asyncio.Queue[Any]]] = defaultdict(set)
+
+    async def ping(self) -> bool:
+        return True
+
+    async def close(self) -> None:
+        for queues in self._subscribers.values():
+            for queue in queues:
+                queue.put_nowait(_CLOSED)
+
+    # -- plain values -------------------------------------------------
+    def _live(self, key: str) -> Any | None:
+        item = self._values.get(key)
+        if item is None:
+            return None
+        value, expires = item
+        if expires is not None and expires <= self._clock():
+            del self._values[key]
+            return None
+        return value
+
+    async def get_json(self, key: str) -> Any | None:
+        return copy.deepcopy(self._live(key))
+
+    async def set_json(self, key: str, value: Any, ttl_s: float | None = None) -> None:
+        expires = self._clock() + ttl_s if ttl_s else None
+        self._values[key] = (copy.deepcopy(value), expires)
+
+    async def delete(self, key: str) -> None:
+        self._values.pop(key, None)
+        self._hashes.pop(key, None)
+        self._sets.pop(key, None)
+        self._logs.pop(key, None)
+
+    async def incr(self, key: str, amount: int = 1) -> int:
+        value = int(self._live(key) or 0) + amount
+        self._values[key] = (value, None)
+        return value
+
+    # -- counters -----------------------------------------------------
+    async def hincr(self, key: str, mapping: Mapping[str, float]) -> None:
+        bucket = self._hashes[key]
+        for field, amount in mapping.items():
+            bucket[field] = bucket.get(field, 0.0) + float(amount)
+
+    async def hgetall(self, key: str) -> dict[str, float]:
+        return dict(self._hashes.get(key, {}))
+
+    # -- sets and bounded logs ----------------------------------------
+    async def sadd(self, key: str, *members: str) -> None:
+        self._sets[key].update(members)
+
+    async def smembers(self, key: str) -> set[str]:
+        return set(self._sets.get(key, set()))
+
+    async def push_capped(self, key: str, value: Any, maxlen: int) -> None:
+        log = self._logs.setdefault(key, deque(maxlen=maxlen))
+        if log.maxlen != maxlen:
+            log = self._logs[key] = deque(log, maxlen=maxlen)
+        log.appendleft(copy.deepcopy(value))
+
+    async def recent(self, key: str, n: int) -> list[Any]:
+        return [copy.deepcopy(v) for v in list(self._logs.get(key, ()))[:n]]
+
+    # -- admission ----------------------------------------------------
+    def _window_usage(self, key: str, window_s: int, now: float) -> tuple[int, float, dict[str, float], dict[str, float]]:
+        index = int(now // window_s)
+        elapsed = (now - index * window_s) / window_s
+        current = self._windows[(key, index)]
+        previous = self._windows.get((key, index - 1), {})
+        # Drop windows older than the previous one so memory stays bounded.
+        for stale in [k for k in self._windows if k[0] == key and k[1] < index - 1]:
+            del self._windows[stale]
+        return index, elapsed, current, previous
+
+    async def consume_window(
+        self,
+        key: str,
+        costs: Mapping[str, int],
+        limits: Mapping[str, int],
+        window_s: int = 60,
+    ) -> WindowDecision:
+        now = self._clock()
+        _, elapsed, current, previous = self._window_usage(key, window_s, now)
+        used: dict[str, float] = {}
+        for field, cost in costs.items():
+            weighted = previous.get(field, 0.0) * (1.0 - elapsed) + current.get(field, 0.0)
+            used[field] = weighted + cost
+            limit = limits.get(field, 0)
+            if limit > 0 and cost > 0 and used[field] > limit:
+                return WindowDecision(False, _retry_after(window_s, elapsed), used, field)
+        for field, cost in costs.items():
+            current[field] = current.get(field, 0.0) + cost
+        return WindowDecision(True, 0.0, used)
+
+    async def adjust_window(self, key: str, deltas: Mapping[str, int], window_s: int = 60) -> None:
+        _, _, current, _ = self._window_usage(key, window_s, self._clock())
+        for field, delta in deltas.items():
+            current[field] = current.get(field, 0.0) + delta
+
+    # -- leadership ---------------------------------------------------
+    async def acquire_lock(self, key: str, owner: str, ttl_s: float) -> bool:
+        holder = self._live(key)
+        if holder is not None and holder != owner:
+            return False
+        self._values[key] = (owner, self._clock() + ttl_s)
+        return True
+
+    async def release_lock(self, key: str, owner: str) -> None:
+        if self._live(key) == owner:
+            del self._values[key]
+
+    async def lock_owner(self, key: str) -> str | None:
+        return self._live(key)
+
+    # -- notifications ------------------------------------------------
+    async def publish(self, channel: str, message: Any) -> None:
+        for queue in list(self._subscribers.get(channel, ())):
+            queue.put_nowait(copy.deepcopy(message))
+
+    async def subscribe(self, channel: str) -> AsyncIterator[Any]:
+        queue: asyncio.Queue[Any] = asyncio.Queue()
+        self._subscribers[channel].add(queue)
+        try:
+            while True:
+                message = await queue.get()
+                if message is _CLOSED:
+                    return
+                yield message
+        finally:
+            self._subscribers[channel].discard(queue)
+
+
+_CLOSED = object()
+
+
+def _retry_after(window_s: int, elapsed_fraction: float) -> float:
+    """Seconds until the current window rolls over (the earliest a retry can help)."""
+    return max(1.0, math.ceil(window_s * (1.0 - elapsed_fraction)))

@@ -1,0 +1,49 @@
+"""`specgate` command line.
+
+Each package owns its sub-commands in its own `cli.py` (`register(app)`), so
+that this module stays a table of contents and importing the CLI does not
+import every dependency of every component.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import typer
+
+app = typer.Typer(
+    name="specgate",
+    help="OpenAI-compatible gateway and speculation controller for vLLM + DSpark.",
+    no_args_is_help=True,
+    add_completion=False,
+)
+
+# Modules that contribute commands; each exposes `register(app: typer.Typer)`.
+_COMMAND_MODULES = (
+    "gateway.cli",
+    "controller.cli",
+    "drafters.cli",
+    "specgate.stack_cli",
+)
+
+
+def _register_all() -> None:
+    for name in _COMMAND_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name == name:  # component not built yet; its commands are absent
+                continue
+            raise
+        module.register(app)
+
+
+_register_all()
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()
