@@ -1,0 +1,130 @@
+import numpy as np
+import pytest
+
+from drafters.acceptance import expected_tokens_per_step, get_preset
+from drafters.costmodel import get_gpu, get_model, step_time_s
+from drafters.sim.engine import EngineConfig, EngineRequest, ReplicaEngine, lookup_k_table, vllm_batch_k_table
+
+
+def _drain(eng: ReplicaEngine, t: float = 0.0, max_steps: int = 100_000):
+    outs = []
+    while eng.has_work() and len(outs) < max_steps:
+        o = eng.step(t)
+        t += o.duration_s
+        outs.append(o)
+    return outs, t
+
+
+def test_k_table_lookup_semantics():
+    table = ((1, 32, 3), (33, 64, 2), (65, 128, 1))
+    assert [lookup_k_table(table, n, 8) for n in (1, 32, 33, 64, 65, 128, 500)] == [3, 3, 2, 2, 1, 1, 1]
+    assert lookup_k_table(table, 10, 2) == 2  # capped at num_speculative_tokens
+    assert lookup_k_table(((1, 4, 5), (10, 20, 1)), 7, 8) == 5  # gaps carry the previous K
+    assert vllm_batch_k_table(8)[-1][2] == 0
+
+
+def test_single_request_decode_matches_cost_model():
+    eng = ReplicaEngine(EngineConfig(gpu="h100", model="qwen3-8b", profile="off"))
+    eng.add_request(EngineRequest("a", prompt_tokens=200, max_tokens=101), 0.0)
+    outs, _ = _drain(eng)
+    assert len(outs) == 101  # 1 prefill step (first token) + 100 decode steps
+    decode = outs[1:]
+    ctx = 200 + 50
+    assert np.mean([o.duration_s for o in decode]) == pytest.approx(
+        step_time_s(get_gpu("h100"), get_model("qwen3-8b"), 1, 1, ctx), rel=0.01)
+    assert eng.counters.generation_tokens == 101 and eng.counters.prompt_tokens == 200
+    assert eng.counters.request_success == {"length": 1} and eng.kv_usage == 0.0
+
+
+def test_acceptance_length_matches_model():
+    eng = ReplicaEngine(EngineConfig(profile="dspark-b8"), np.random.default_rng(3))
+    for i in range(40):
+        eng.add_request(EngineRequest(str(i), 100, 2000, "humaneval"), 0.0)
+    _drain(eng)
+    c = eng.counters
+    want = expected_tokens_per_step(get_preset("humaneval"), 8)
+    assert c.acceptance_length == pytest.approx(want, rel=0.06)
+    assert c.accepted_per_pos[:8].sum() == c.num_accepted_tokens
+    assert np.all(np.diff(c.accepted_per_pos[:8]) <= 0)
+
+
+def test_batching_limits_and_chunked_prefill():
+    eng = ReplicaEngine(EngineConfig(profile="off", max_num_seqs=4, max_num_batched_tokens=256))
+    for i in range(10):
+        eng.add_request(EngineRequest(str(i), 1000, 20), 0.0)
+    o = eng.step(0.0)
+    assert o.num_tokens <= 256 and eng.num_running == 1 and eng.num_waiting == 9  # 1000-token prompt, 256 chunk
+    t = o.duration_s
+    while eng.has_work():
+        o = eng.step(t)
+        t += o.duration_s
+        assert eng.num_running <= 4 and o.num_tokens <= 256
+    assert eng.counters.request_success["length"] == 10
+
+
+def test_kv_pressure_preempts_and_still_completes():
+    eng = ReplicaEngine(EngineConfig(profile="dspark-b4", kv_capacity_tokens=3000))
+    for i in range(12):
+        eng.add_request(EngineRequest(str(i), 200, 300), 0.0)
+    _drain(eng)
+    assert eng.counters.num_preemptions > 0
+    assert eng.counters.request_success["length"] == 12
+    assert eng.counters.generation_tokens >= 12 * 300
+
+
+def test_adaptive_verification_trims_only_under_load():
+    def run(batch):
+        eng = ReplicaEngine(EngineConfig(profile="dspark-b16-av", model="qwen3-14b"), np.random.default_rng(1))
+        for i in range(batch):
+            eng.add_request(EngineRequest(str(i), 100, 200, "chat"), 0.0)
+        _drain(eng)
+        return eng.counters.verified_draft_tokens / eng.counters.num_draft_tokens
+
+    assert run(1) == pytest.approx(1.0)
+    assert run(128) < 0.5
+
+
+def test_request_knobs_in_engine():
+    eng = ReplicaEngine(EngineConfig(profile="dspark-b8-av"), np.random.default_rng(2))
+    a = EngineRequest("a", 100, 300, "gsm8k", max_draft=0)
+    b = EngineRequest("b", 100, 300, "gsm8k", max_draft=3)
+    c = EngineRequest("c", 100, 300, "gsm8k", min_confidence=0.5)
+    d = EngineRequest("d", 100, 300, "gsm8k")
+    for r in (a, b, c, d):
+        eng.add_request(r, 0.0)
+    _drain(eng)
+    assert a.spec_steps == 0 and a.draft_tokens == 0
+    assert b.draft_tokens <= 3 * b.spec_steps
+    assert c.draft_tokens / c.spec_steps < d.draft_tokens / d.spec_steps
+    assert c.spec_summary()["draft_acceptance_rate"] > d.spec_summary()["draft_acceptance_rate"]
+
+
+def test_k_table_switches_speculation_off_at_high_batch():
+    eng = ReplicaEngine(EngineConfig(profile="dspark-b8", spec_k_table=((1, 16, 8), (17, 1024, 0))))
+    for i in range(40):
+        eng.add_request(EngineRequest(str(i), 50, 50), 0.0)
+    o = eng.step(0.0)
+    o = eng.step(o.duration_s)  # 40 running: table says K=0
+    assert eng.counters.num_drafts == 0
+
+
+def test_confidence_floor_needs_adaptive_verification():
+    eng = ReplicaEngine(EngineConfig(profile="dspark-b8"), np.random.default_rng(2))
+    c = EngineRequest("c", 100, 300, "gsm8k", min_confidence=0.9)
+    eng.add_request(c, 0.0)
+    _drain(eng)
+    assert c.draft_tokens / c.spec_steps > 6  # ignored: static drafting
+
+
+def test_drafter_runs_even_for_capped_requests():
+    """A per-request cap of 0 saves verification, not the batch-wide drafter pass."""
+    def step_time(max_draft):
+        eng = ReplicaEngine(EngineConfig(profile="dspark-b8"))
+        for i in range(8):
+            eng.add_request(EngineRequest(str(i), 50, 100, max_draft=max_draft), 0.0)
+        o = eng.step(0.0)
+        return eng.step(o.duration_s)
+
+    zero, plain = step_time(0), step_time(None)
+    assert zero.draft_time_s == pytest.approx(plain.draft_time_s) and zero.draft_time_s > 0
+    assert zero.num_tokens < plain.num_tokens
