@@ -1,0 +1,70 @@
+"""`specgate up` and `specgate load`: the one-command demo stack and its load driver."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("up")
+    def up(
+        port: int = typer.Option(8000, help="gateway port"),
+        host: str = typer.Option("127.0.0.1", help="gateway bind address"),
+        replicas: str = typer.Option(
+            "dspark-b8,dspark-b8,off", help="comma-separated profiles of the simulated replicas"
+        ),
+        gpu: str = typer.Option("h200", help="GPU the simulator imitates (h100, h200)"),
+        model: str = typer.Option("qwen3-8b", help="target model the simulator imitates (qwen3-8b, qwen3-14b)"),
+        redis_url: Optional[str] = typer.Option(
+            None, envvar="SPECGATE_REDIS_URL", help="shared state in Redis (default: in-memory)"
+        ),
+        state_file: Path = typer.Option(
+            None, help="where keys and URLs are written for `specgate load` (default ~/.cache/specgate/up.json)"
+        ),
+        min_dwell: float = typer.Option(10.0, help="controller: seconds a policy stays before a normal change"),
+        time_scale: float = typer.Option(
+            10.0, help="simulated replicas run this many times slower than the GPU they imitate, so a laptop's "
+                      "load generator reaches the compute-bound regime (1 = real GPU speed)"),
+    ) -> None:
+        """Run gateway + embedded controller + simulated replicas (2x dspark-b8, 1x off); Ctrl-C stops all."""
+        from .up import DEFAULT_STATE_FILE, make_plan, run_up
+
+        profiles = tuple(p.strip() for p in replicas.split(",") if p.strip())
+        try:
+            plan = make_plan(host=host, port=port, profiles=profiles, gpu=gpu, model=model, redis_url=redis_url,
+                             state_file=state_file or DEFAULT_STATE_FILE, min_dwell_s=min_dwell,
+                             time_scale=time_scale)
+        except ValueError as exc:
+            typer.echo(f"specgate up: {exc}", err=True)
+            raise typer.Exit(2)
+        raise typer.Exit(run_up(plan, out=lambda line: typer.echo(line)))
+
+    @app.command("load")
+    def load(
+        rps: float = typer.Option(40.0, help="peak request rate (req/s) of the heavy phase"),
+        duration: float = typer.Option(120.0, help="seconds in total"),
+        pattern: str = typer.Option("step", help="step (light -> heavy -> light) or constant"),
+        state_file: Path = typer.Option(None, help="written by `specgate up` (default ~/.cache/specgate/up.json)"),
+        gateway_url: Optional[str] = typer.Option(None, help="override the gateway URL from the state file"),
+        max_inflight: int = typer.Option(256, help="cap on concurrent requests"),
+        seed: int = typer.Option(0, help="random seed of the workload"),
+    ) -> None:
+        """Drive `specgate up` with a mixed-tenant workload and print controller switches as they happen."""
+        from .load import LoadConfig, load_target, run_load
+        from .up import DEFAULT_STATE_FILE
+
+        try:
+            target = load_target(state_file or DEFAULT_STATE_FILE, gateway_url)
+        except (OSError, ValueError, KeyError) as exc:
+            typer.echo(f"specgate load: cannot read the state of `specgate up` ({exc}); is it running?", err=True)
+            raise typer.Exit(2)
+        if pattern not in ("step", "constant"):
+            typer.echo("specgate load: --pattern must be step or constant", err=True)
+            raise typer.Exit(2)
+        cfg = LoadConfig(rps=rps, duration_s=duration, pattern=pattern, max_inflight=max_inflight, seed=seed)
+        summary = run_load(target, cfg, out=lambda line: typer.echo(line))
+        raise typer.Exit(0 if summary.ok > 0 else 1)
