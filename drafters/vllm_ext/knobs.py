@@ -1,0 +1,103 @@
+"""Per-request speculation knobs carried in `SamplingParams.extra_args`.
+
+The gateway puts them into `vllm_xargs` (which vLLM copies verbatim into
+`extra_args`); the plugin reads them in the engine core (draft cap) and in the
+model-runner worker (confidence floor). Parsing is a PURE function so that the
+rules can be tested without vLLM, and so both processes agree on them.
+
+WHY lenient-but-safe parsing: the gateway already rejects bad values with a 400,
+but a client talking to the replica directly (or an old gateway) may still send
+junk. Junk must never crash the engine core -- a crash there kills every request
+on the replica -- so an invalid value is reported and ignored, and the request
+runs exactly as stock vLLM would run it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+MAX_DRAFT_KEY = "specgate_max_draft"
+MIN_CONFIDENCE_KEY = "specgate_min_confidence"
+KNOB_NAMES = ("max_draft", "min_confidence")
+
+
+@dataclass(frozen=True)
+class RequestKnobs:
+    """What one request asked for; None = key absent or invalid (= stock behaviour)."""
+
+    max_draft: int | None = None
+    min_confidence: float | None = None
+    errors: tuple[str, ...] = field(default=())
+
+    @property
+    def is_stock(self) -> bool:
+        return self.max_draft is None and self.min_confidence is None
+
+
+STOCK = RequestKnobs()
+
+
+def _parse_max_draft(value: Any) -> tuple[int | None, str | None]:
+    if isinstance(value, bool):  # bool is an int subclass; True is not a draft length
+        return None, f"{MAX_DRAFT_KEY} must be an integer >= 0, got boolean {value!r}"
+    if isinstance(value, int):
+        parsed = value
+    elif isinstance(value, float):
+        if not math.isfinite(value) or not value.is_integer():
+            return None, f"{MAX_DRAFT_KEY} must be an integer >= 0, got {value!r}"
+        parsed = int(value)
+    elif isinstance(value, str):
+        text = value.strip()
+        if not text.lstrip("+").isdigit():
+            return None, f"{MAX_DRAFT_KEY} must be an integer >= 0, got {value!r}"
+        parsed = int(text)
+    else:
+        return None, f"{MAX_DRAFT_KEY} must be an integer >= 0, got {type(value).__name__}"
+    if parsed < 0:
+        return None, f"{MAX_DRAFT_KEY} must be an integer >= 0, got {parsed}"
+    return parsed, None
+
+
+def _parse_min_confidence(value: Any) -> tuple[float | None, str | None]:
+    if isinstance(value, bool):
+        return None, f"{MIN_CONFIDENCE_KEY} must be a number in [0, 1], got boolean {value!r}"
+    if isinstance(value, (int, float)):
+        parsed = float(value)
+    elif isinstance(value, str):
+        try:
+            parsed = float(value.strip())
+        except ValueError:
+            return None, f"{MIN_CONFIDENCE_KEY} must be a number in [0, 1], got {value!r}"
+    else:
+        return None, f"{MIN_CONFIDENCE_KEY} must be a number in [0, 1], got {type(value).__name__}"
+    if not math.isfinite(parsed) or not 0.0 <= parsed <= 1.0:
+        return None, f"{MIN_CONFIDENCE_KEY} must be a number in [0, 1], got {value!r}"
+    return parsed, None
+
+
+def parse_knobs(extra_args: Mapping[str, Any] | None) -> RequestKnobs:
+    """Read the specgate keys from a request's extra_args. Never raises."""
+    if not extra_args or not isinstance(extra_args, Mapping):
+        return STOCK
+    if MAX_DRAFT_KEY not in extra_args and MIN_CONFIDENCE_KEY not in extra_args:
+        return STOCK
+    errors: list[str] = []
+    max_draft = min_confidence = None
+    if MAX_DRAFT_KEY in extra_args:
+        max_draft, err = _parse_max_draft(extra_args[MAX_DRAFT_KEY])
+        if err:
+            errors.append(err)
+    if MIN_CONFIDENCE_KEY in extra_args:
+        min_confidence, err = _parse_min_confidence(extra_args[MIN_CONFIDENCE_KEY])
+        if err:
+            errors.append(err)
+    return RequestKnobs(max_draft=max_draft, min_confidence=min_confidence, errors=tuple(errors))
+
+
+def effective_draft_len(scheduled: int, knobs: RequestKnobs) -> int:
+    """How many of `scheduled` draft tokens a request may keep under its cap."""
+    if knobs.max_draft is None:
+        return scheduled
+    return min(scheduled, knobs.max_draft)

@@ -1,0 +1,137 @@
+"""Per-request draft cap, enforced in vLLM's engine-core scheduler.
+
+WHY the scheduler: it is the one place every speculative method passes through.
+Drafts (or, under async scheduling, the `-1` placeholders standing in for drafts
+the worker has not produced yet) sit in `request.spec_token_ids` until
+`Scheduler.schedule()` turns them into `scheduled_spec_decode_tokens`; the model
+runner (V1 and V2) verifies exactly the tokens listed there, and the stats
+(`vllm:spec_decode_num_draft_tokens`, per-request `metrics.speculative_decoding`)
+count exactly those. So trimming there caps ngram / EAGLE / DFlash on the V1
+runner and DSpark on the V2 runner alike, saves the verification compute, and
+keeps every counter consistent -- the draft model itself still runs (vLLM drafts
+for the whole batch at once), which this plugin does not change.
+
+Two hooks, both idempotent and both no-ops for requests without the keys:
+1. `schedule()` -- before the stock body, cut each running request's
+   `spec_token_ids` to its cap. This is the main path: the stock code then
+   budgets, allocates KV and schedules as if the drafter had proposed fewer
+   tokens (the same path chunked prefill already uses).
+2. `_update_after_schedule()` -- a safety net that runs inside `schedule()`
+   after the batch is final but before `num_computed_tokens` advances: any
+   capped request still scheduled with more draft slots than its cap (the
+   stock "pad new decode requests to a uniform spec length" branch adds `-1`
+   padding slots to freshly admitted requests) is trimmed, together with its
+   scheduled token count.
+Lossless: verification of fewer drafts is still exact rejection sampling, so
+greedy output is unchanged.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from typing import Any
+
+from .knobs import STOCK, RequestKnobs, parse_knobs
+
+logger = logging.getLogger("specgate.vllm_ext")
+
+_MARK = "_specgate_draft_cap_patched"
+_REQ_ATTR = "_specgate_knobs"
+
+
+def knobs_for(request: Any) -> RequestKnobs:
+    """Parsed knobs of a vLLM `Request`, cached on it (parsed and warned about once)."""
+    cached = getattr(request, _REQ_ATTR, None)
+    if cached is not None:
+        return cached
+    params = getattr(request, "sampling_params", None)
+    knobs = parse_knobs(getattr(params, "extra_args", None)) if params is not None else STOCK
+    if knobs.errors:
+        logger.warning(
+            "specgate: ignoring invalid knob(s) on request %s (it runs as stock vLLM): %s",
+            getattr(request, "request_id", "?"),
+            "; ".join(knobs.errors),
+        )
+    try:
+        setattr(request, _REQ_ATTR, knobs)
+    except AttributeError:  # a Request with __slots__ in some future version: parse each time
+        pass
+    return knobs
+
+
+def trim_running_drafts(running: list[Any]) -> int:
+    """Cut each running request's pending drafts to its cap; returns tokens removed.
+
+    Assigns a new list instead of mutating: under async scheduling every request
+    shares one read-only placeholder list.
+    """
+    removed = 0
+    for request in running:
+        spec = request.spec_token_ids
+        if not spec:
+            continue
+        cap = knobs_for(request).max_draft
+        if cap is not None and len(spec) > cap:
+            removed += len(spec) - cap
+            request.spec_token_ids = list(spec[:cap])
+    return removed
+
+
+def enforce_caps_on_output(requests: dict[str, Any], scheduler_output: Any) -> int:
+    """Trim scheduled draft slots above a request's cap in a final SchedulerOutput.
+
+    Keeps `num_scheduled_tokens` / `total_num_scheduled_tokens` consistent with
+    the shortened draft lists. Returns the number of slots removed.
+    """
+    spec_tokens: dict[str, list[int]] = scheduler_output.scheduled_spec_decode_tokens
+    removed = 0
+    for req_id in list(spec_tokens):
+        request = requests.get(req_id)
+        if request is None:
+            continue
+        cap = knobs_for(request).max_draft
+        tokens = spec_tokens[req_id]
+        if cap is None or len(tokens) <= cap:
+            continue
+        excess = len(tokens) - cap
+        if cap == 0:
+            del spec_tokens[req_id]
+        else:
+            spec_tokens[req_id] = list(tokens[:cap])
+        scheduler_output.num_scheduled_tokens[req_id] -= excess
+        scheduler_output.total_num_scheduled_tokens -= excess
+        removed += excess
+    return removed
+
+
+def install(scheduler_cls: type) -> bool:
+    """Patch `scheduler_cls` (vLLM's base Scheduler) in place. Idempotent."""
+    if scheduler_cls.__dict__.get(_MARK):
+        return False
+    orig_schedule = scheduler_cls.schedule
+    orig_update_after = scheduler_cls._update_after_schedule
+
+    @functools.wraps(orig_schedule)
+    def schedule(self, *args, **kwargs):
+        if not getattr(self, "_specgate_announced", False):
+            self._specgate_announced = True
+            logger.info(
+                "specgate: per-request draft cap active in %s (num_speculative_tokens=%s)",
+                type(self).__name__,
+                self.num_spec_tokens,
+            )
+        if self.num_spec_tokens and self.running:
+            trim_running_drafts(self.running)
+        return orig_schedule(self, *args, **kwargs)
+
+    @functools.wraps(orig_update_after)
+    def _update_after_schedule(self, scheduler_output):
+        if scheduler_output.scheduled_spec_decode_tokens:
+            enforce_caps_on_output(self.requests, scheduler_output)
+        return orig_update_after(self, scheduler_output)
+
+    scheduler_cls.schedule = schedule
+    scheduler_cls._update_after_schedule = _update_after_schedule
+    setattr(scheduler_cls, _MARK, True)
+    return True

