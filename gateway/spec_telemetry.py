@@ -10,6 +10,7 @@ several gateway instances add up without coordination.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Mapping
 
 from .store import Store
 
@@ -74,7 +75,8 @@ class TelemetryCounters:
         return 1.0 + self.get("num_accepted_draft_tokens") / steps if steps else None
 
 
-async def record_request(store: Store, tenant: str, replica: str, stats: RequestSpecStats) -> None:
+def increments_for(stats: RequestSpecStats) -> dict[str, float]:
+    """The counter increments one finished request contributes."""
     increments: dict[str, float] = {
         "requests": 1,
         "prompt_tokens": stats.prompt_tokens,
@@ -87,8 +89,17 @@ async def record_request(store: Store, tenant: str, replica: str, stats: Request
             num_draft_tokens=stats.num_draft_tokens,
             num_accepted_draft_tokens=stats.num_accepted_draft_tokens or 0,
         )
+    return increments
+
+
+async def record_increments(store: Store, tenant: str, replica: str, increments: Mapping[str, float]) -> None:
+    """Add pre-summed increments (a gateway batching many requests between flushes)."""
     await store.sadd(INDEX_KEY, f"{tenant}|{replica}")
     await store.hincr(counters_key(tenant, replica), increments)
+
+
+async def record_request(store: Store, tenant: str, replica: str, stats: RequestSpecStats) -> None:
+    await record_increments(store, tenant, replica, increments_for(stats))
 
 
 async def read_all(store: Store) -> list[TelemetryCounters]:

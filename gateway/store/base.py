@@ -12,7 +12,7 @@ window, the leader lock) is atomic in both implementations.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Mapping, Protocol, runtime_checkable
+from typing import Any, AsyncIterator, Mapping, Protocol, Sequence, runtime_checkable
 
 
 @dataclass(frozen=True)
@@ -62,6 +62,14 @@ class Store(Protocol):
         limits: Mapping[str, int],
         window_s: int = 60,
     ) -> WindowDecision: ...
+
+    async def consume_windows(
+        self,
+        requests: Sequence[tuple[str, Mapping[str, int], Mapping[str, int]]],
+        window_s: int = 60,
+    ) -> list[WindowDecision]:
+        """Several `consume_window` calls decided in order, in one atomic round trip."""
+        ...
 
     async def adjust_window(self, key: str, deltas: Mapping[str, int], window_s: int = 60) -> None: ...
 

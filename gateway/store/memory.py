@@ -12,7 +12,7 @@ import copy
 import math
 import time
 from collections import defaultdict, deque
-from typing import Any, AsyncIterator, Callable, Mapping
+from typing import Any, AsyncIterator, Callable, Mapping, Sequence
 
 from .base import WindowDecision
 
@@ -120,6 +120,13 @@ class MemoryStore:
         for field, cost in costs.items():
             current[field] = current.get(field, 0.0) + cost
         return WindowDecision(True, 0.0, used)
+
+    async def consume_windows(
+        self,
+        requests: Sequence[tuple[str, Mapping[str, int], Mapping[str, int]]],
+        window_s: int = 60,
+    ) -> list[WindowDecision]:
+        return [await self.consume_window(key, costs, limits, window_s) for key, costs, limits in requests]
 
     async def adjust_window(self, key: str, deltas: Mapping[str, int], window_s: int = 60) -> None:
         _, _, current, _ = self._window_usage(key, window_s, self._clock())

@@ -10,7 +10,7 @@ still agree on window boundaries.
 from __future__ import annotations
 
 import math
-from typing import Any, AsyncIterator, Mapping
+from typing import Any, AsyncIterator, Mapping, Sequence
 
 import orjson
 import redis.asyncio as aioredis
@@ -51,6 +51,61 @@ redis.call('EXPIRE', cur, window * 2 + 1)
 return {1, tostring(elapsed), '', used}
 """
 
+# Many check-and-consume operations in one script call (one round trip, one
+# command to encode and parse): what a busy gateway sends when several
+# requests arrive in the same event-loop tick. Each request is decided
+# independently, in order, exactly as `_CONSUME_WINDOW` would.
+# ARGV: window seconds, then per request: base key, n fields, n triples.
+_CONSUME_WINDOWS = """
+local window = tonumber(ARGV[1])
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+local index = math.floor(now / window)
+local elapsed = (now - index * window) / window
+local out = {}
+local i = 2
+while i <= #ARGV do
+  local base = ARGV[i]
+  local n = tonumber(ARGV[i + 1])
+  local first = i + 2
+  i = first + n * 3
+  local cur = base .. ':' .. index
+  local prev = base .. ':' .. (index - 1)
+  local used = {}
+  local denied = ''
+  local fields = {}
+  for j = 0, n - 1 do
+    fields[j + 1] = ARGV[first + j * 3]
+  end
+  local cs = redis.call('HMGET', cur, unpack(fields))
+  local ps = redis.call('HMGET', prev, unpack(fields))
+  for j = 0, n - 1 do
+    local field = fields[j + 1]
+    local cost = tonumber(ARGV[first + 1 + j * 3])
+    local limit = tonumber(ARGV[first + 2 + j * 3])
+    local c = tonumber(cs[j + 1] or '0') or 0
+    local p = tonumber(ps[j + 1] or '0') or 0
+    local u = p * (1 - elapsed) + c + cost
+    used[#used + 1] = field
+    used[#used + 1] = tostring(u)
+    if limit > 0 and cost > 0 and u > limit then
+      denied = field
+      break
+    end
+  end
+  if denied == '' then
+    for j = 0, n - 1 do
+      redis.call('HINCRBYFLOAT', cur, ARGV[first + j * 3], ARGV[first + 1 + j * 3])
+    end
+    redis.call('EXPIRE', cur, window * 2 + 1)
+    out[#out + 1] = {1, tostring(elapsed), '', used}
+  else
+    out[#out + 1] = {0, tostring(elapsed), denied, used}
+  end
+end
+return out
+"""
+
 _ADJUST_WINDOW = """
 local base = ARGV[1]
 local window = tonumber(ARGV[2])
@@ -81,12 +136,27 @@ return 0
 """
 
 
+def _decision(row: list[Any], window_s: int) -> WindowDecision:
+    allowed, elapsed, field, used_flat = row
+    used = {used_flat[i].decode(): float(used_flat[i + 1]) for i in range(0, len(used_flat), 2)}
+    if int(allowed):
+        return WindowDecision(True, 0.0, used)
+    retry = max(1.0, math.ceil(window_s * (1.0 - float(elapsed))))
+    return WindowDecision(False, retry, used, field.decode() or None)
+
+
 class RedisStore:
-    def __init__(self, url: str, prefix: str = "specgate:") -> None:
+    def __init__(self, url: str, prefix: str = "specgate:", max_connections: int = 64) -> None:
         self.prefix = prefix
         self.url = url
-        self._redis = aioredis.from_url(url, decode_responses=False, health_check_interval=30)
+        # A blocking pool: under a burst, callers wait for a connection
+        # instead of failing with "Too many connections".
+        pool = aioredis.BlockingConnectionPool.from_url(
+            url, max_connections=max_connections, timeout=5, health_check_interval=30, socket_connect_timeout=2, socket_keepalive=True
+        )
+        self._redis = aioredis.Redis.from_pool(pool)  # owns the pool: aclose() closes it
         self._consume = self._redis.register_script(_CONSUME_WINDOW)
+        self._consume_many = self._redis.register_script(_CONSUME_WINDOWS)
         self._adjust = self._redis.register_script(_ADJUST_WINDOW)
         self._acquire = self._redis.register_script(_ACQUIRE_LOCK)
         self._release = self._redis.register_script(_RELEASE_LOCK)
@@ -154,15 +224,23 @@ class RedisStore:
         args: list[Any] = [self._k(key), window_s]
         for field, cost in costs.items():
             args += [field, int(cost), int(limits.get(field, 0))]
-        allowed, elapsed, field, used_flat = await self._consume(args=args)
-        elapsed_f = float(elapsed)
-        used = {
-            used_flat[i].decode(): float(used_flat[i + 1]) for i in range(0, len(used_flat), 2)
-        }
-        if int(allowed):
-            return WindowDecision(True, 0.0, used)
-        retry = max(1.0, math.ceil(window_s * (1.0 - elapsed_f)))
-        return WindowDecision(False, retry, used, field.decode() or None)
+        return _decision(await self._consume(args=args), window_s)
+
+    async def consume_windows(
+        self,
+        requests: Sequence[tuple[str, Mapping[str, int], Mapping[str, int]]],
+        window_s: int = 60,
+    ) -> list[WindowDecision]:
+        """`consume_window` for several (key, costs, limits) in one atomic call."""
+        if not requests:
+            return []
+        args: list[Any] = [window_s]
+        for key, costs, limits in requests:
+            args += [self._k(key), len(costs)]
+            for field, cost in costs.items():
+                args += [field, int(cost), int(limits.get(field, 0))]
+        rows = await self._consume_many(args=args)
+        return [_decision(row, window_s) for row in rows]
 
     async def adjust_window(self, key: str, deltas: Mapping[str, int], window_s: int = 60) -> None:
         args: list[Any] = [self._k(key), window_s]

@@ -1,0 +1,176 @@
+"""Wiring of the gateway app: state, lifecycle, routes.
+
+`create_app(settings, store=None)` returns a FastAPI app whose two hot
+endpoints (`/v1/chat/completions`, `/v1/completions`) are dispatched as pure
+ASGI before Starlette's router and middleware stack; everything else
+(`/v1/models`, `/health`, `/metrics`, `/admin/*`) is ordinary FastAPI.
+`app.state.gateway` is the `GatewayState` other components read
+(`.settings`, `.store`, `.registry`, `.policies`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from .accounting import Accounting, estimate_tokens
+from .auth import TenantDirectory
+from .config import Settings, load_settings
+from .errors import error_payload
+from .health import HealthMonitor
+from .logs import configure_logging
+from .metrics import GatewayMetrics
+from .policy_watch import PolicyView, PolicyWatcher
+from .proxy import CompletionEndpoint
+from .replicas import Registry
+from .speculation_policy import PolicySet
+from .store import Store, create_store
+from .tracing import Tracing
+from .upstream import create_upstream
+
+log = logging.getLogger("specgate.gateway")
+
+
+class GatewayState:
+    def __init__(self, settings: Settings, store: Store | None = None) -> None:
+        self.settings = settings
+        self._own_store = store is None
+        self.store: Store | None = store
+        self.registry = Registry.from_settings(settings)
+        self.tenants = TenantDirectory(settings)
+        self.metrics = GatewayMetrics(settings.metrics_top_tenants)
+        self.tracing = Tracing(settings.tracing)
+        self.policy_view = PolicyView({t.id: t.speculation for t in settings.tenants if t.speculation is not None})
+        self.session_header = settings.session_header.lower().encode()
+        self.upstream = None
+        self.accounting: Accounting | None = None
+        self.health: HealthMonitor | None = None
+        self.watcher: PolicyWatcher | None = None
+        self.started = False
+
+    @property
+    def policies(self) -> PolicySet:
+        return self.policy_view.policies
+
+    @property
+    def replica_list(self):
+        return list(self.registry.replicas.values())
+
+    def estimate_tokens(self, body: dict) -> int:
+        return estimate_tokens(body, self.settings.default_max_tokens)
+
+    async def start(self) -> None:
+        s = self.settings
+        if self.store is None:
+            self.store = create_store(s.redis_url, s.redis_prefix)
+        self.upstream = create_upstream(s.upstream_client, s.upstream_pool_size, s.connect_timeout_s, s.first_byte_timeout_s, s.read_timeout_s)
+        self.accounting = Accounting(self.store, s.budget_window_s, telemetry_flush_s=s.telemetry_flush_s)
+        self.accounting.start()
+        self.watcher = PolicyWatcher(self.store, self.policy_view, s.policy_poll_s, on_change=lambda p: self.metrics.policy_version.set(p.version))
+        await self.watcher.start()
+        if not s.tenants and s.allow_anonymous:
+            log.warning("no tenants configured: serving every caller as tenant 'anonymous' without a key")
+        self.health = HealthMonitor(self.registry, s)
+        await self.health.start()
+        self.started = True
+
+    async def stop(self) -> None:
+        for part in (self.health, self.watcher, self.accounting):
+            if part is not None:
+                with contextlib.suppress(Exception):
+                    await part.stop()
+        if self.upstream is not None:
+            await self.upstream.close()
+        self.tracing.shutdown()
+        if self._own_store and self.store is not None:
+            await self.store.close()
+        self.started = False
+
+
+class GatewayApp(FastAPI):
+    """FastAPI with a pure-ASGI fast lane for the completion endpoints."""
+
+    hot_routes: dict[str, CompletionEndpoint]
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http":
+            endpoint = self.hot_routes.get(scope["path"])
+            if endpoint is not None:
+                await endpoint(scope, receive, send)
+                return
+        await super().__call__(scope, receive, send)
+
+
+def _openai_error(status: int, message: str, code: str | None = None) -> JSONResponse:
+    return JSONResponse(error_payload(status, message, code=code), status_code=status)
+
+
+def create_app(settings: Settings | None = None, store: Store | None = None) -> GatewayApp:
+    settings = settings or load_settings()
+    configure_logging(settings.log_level)
+    state = GatewayState(settings, store)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI):
+        await state.start()
+        try:
+            yield
+        finally:
+            await state.stop()
+
+    app = GatewayApp(title="specgate gateway", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.state.gateway = state
+    app.hot_routes = {
+        "/v1/chat/completions": CompletionEndpoint(state, "chat"),
+        "/v1/completions": CompletionEndpoint(state, "completions"),
+    }
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return _openai_error(exc.status_code, str(exc.detail))
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return _openai_error(400, "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()))
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        healthy = [r.name for r in state.registry if r.healthy]
+        return JSONResponse(
+            {"status": "ok" if healthy else "degraded", "healthy_replicas": healthy, "policy_version": state.policies.version},
+            status_code=200,
+        )
+
+    @app.get("/ready")
+    async def ready() -> JSONResponse:
+        ok = any(r.healthy for r in state.registry)
+        return JSONResponse({"ready": ok}, status_code=200 if ok else 503)
+
+    @app.get("/v1/models")
+    async def models(request: Request) -> JSONResponse:
+        auth = state.tenants.authenticate(request.headers.get("authorization", "").encode("latin-1") or None)
+        if auth.tenant is None:
+            return _openai_error(401, auth.error or "Unauthorized", code="invalid_api_key")
+        return JSONResponse({"object": "list", "data": state.registry.healthy_model_cards()})
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        now = time.monotonic()
+        m = state.metrics
+        for r in state.registry:
+            m.replica_healthy.labels(r.name, r.profile or "unlabelled").set(1 if r.healthy else 0)
+            m.replica_inflight.labels(r.name).set(r.inflight)
+            m.replica_breaker_open.labels(r.name).set(0 if r.breaker.state(now) == "closed" else 1)
+        m.policy_version.set(state.policies.version)
+        return Response(m.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    from .admin import router as admin_router
+
+    app.include_router(admin_router)
+    return app

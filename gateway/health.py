@@ -1,0 +1,115 @@
+"""Background replica checks: liveness (/health + /v1/models) with fail and
+success thresholds, and load (/metrics parsed by `vllm_metrics`).
+
+A replica turns unhealthy after `health_fail_threshold` consecutive failed
+checks and healthy again after `health_success_threshold` consecutive good
+ones, so one slow probe neither drops a replica nor does one good probe
+re-admit a flapping one. The very first check admits on one success, so a
+gateway that starts next to running replicas serves immediately.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+import httpx
+
+from .config import Settings
+from .replicas import Registry, ReplicaState
+from .vllm_metrics import parse_vllm_metrics
+
+log = logging.getLogger("specgate.gateway.health")
+
+
+async def check_replica(client: httpx.AsyncClient, replica: ReplicaState, settings: Settings, *, first: bool = False) -> None:
+    ok = False
+    error = None
+    try:
+        health = await client.get(replica.url + "/health", timeout=settings.health_timeout_s)
+        if health.status_code != 200:
+            raise RuntimeError(f"/health answered {health.status_code}")
+        models = await client.get(replica.url + "/v1/models", timeout=settings.health_timeout_s)
+        if models.status_code != 200:
+            raise RuntimeError(f"/v1/models answered {models.status_code}")
+        cards = [c for c in (models.json().get("data") or []) if isinstance(c, dict) and c.get("id")]
+        replica.model_cards = cards
+        replica.models = frozenset(c["id"] for c in cards)
+        ok = True
+    except (httpx.HTTPError, RuntimeError, ValueError) as exc:
+        error = f"{type(exc).__name__}: {exc}"[:300]
+    replica.last_check = time.monotonic()
+    if ok:
+        replica.consecutive_ok += 1
+        replica.consecutive_fail = 0
+        replica.last_error = None
+        if not replica.healthy and (first or replica.consecutive_ok >= settings.health_success_threshold):
+            replica.healthy = True
+            log.info("replica healthy", extra={"fields": {"replica": replica.name}})
+    else:
+        replica.consecutive_fail += 1
+        replica.consecutive_ok = 0
+        replica.last_error = error
+        if replica.healthy and replica.consecutive_fail >= settings.health_fail_threshold:
+            replica.healthy = False
+            log.warning("replica unhealthy", extra={"fields": {"replica": replica.name, "error": error}})
+
+
+async def scrape_metrics(client: httpx.AsyncClient, replica: ReplicaState, settings: Settings) -> None:
+    try:
+        resp = await client.get(replica.url + "/metrics", timeout=settings.health_timeout_s)
+        if resp.status_code != 200:
+            return
+        snap = parse_vllm_metrics(resp.text)
+    except (httpx.HTTPError, ValueError):
+        return
+    replica.running = snap.num_requests_running
+    replica.waiting = snap.num_requests_waiting
+    replica.kv_usage = snap.kv_cache_usage_perc
+    replica.ext_knobs = snap.ext_knobs
+    replica.metrics_at = time.monotonic()
+
+
+class HealthMonitor:
+    def __init__(self, registry: Registry, settings: Settings) -> None:
+        self.registry = registry
+        self.settings = settings
+        self._client = httpx.AsyncClient(timeout=settings.health_timeout_s)
+        self._tasks: list[asyncio.Task] = []
+
+    async def check_all(self, first: bool = False) -> None:
+        replicas = list(self.registry)
+        await asyncio.gather(*(check_replica(self._client, r, self.settings, first=first) for r in replicas))
+        await asyncio.gather(*(scrape_metrics(self._client, r, self.settings) for r in replicas))
+
+    async def start(self) -> None:
+        await self.check_all(first=True)
+        self._tasks = [
+            asyncio.create_task(self._loop(self.settings.health_interval_s, self._health_round)),
+            asyncio.create_task(self._loop(self.settings.metrics_interval_s, self._metrics_round)),
+        ]
+
+    async def _health_round(self) -> None:
+        await asyncio.gather(*(check_replica(self._client, r, self.settings) for r in list(self.registry)))
+
+    async def _metrics_round(self) -> None:
+        await asyncio.gather(*(scrape_metrics(self._client, r, self.settings) for r in list(self.registry)))
+
+    async def _loop(self, interval: float, body) -> None:
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await body()
+            except Exception:  # a bug in one round must not stop future checks
+                log.exception("health round failed")
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            try:
+                await task
+            except (asyncio.CancelledError, Exception):
+                pass
+        await self._client.aclose()

@@ -1,0 +1,121 @@
+"""Replica state as the gateway knows it (no I/O here).
+
+Health checks and /metrics scraping (`health.py`) write into these objects;
+the router reads them; the proxy updates `inflight` and the breaker.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from .breaker import CircuitBreaker
+from .config import ReplicaConfig, Settings
+
+
+@dataclass
+class ReplicaState:
+    name: str
+    url: str
+    profile: str | None
+    configured_model: str | None = None
+    models: frozenset[str] = frozenset()
+    model_cards: list[dict[str, Any]] = field(default_factory=list)
+    healthy: bool = False
+    consecutive_ok: int = 0
+    consecutive_fail: int = 0
+    last_error: str | None = None
+    last_check: float = 0.0
+    # Load: the replica's own gauges plus the gateway's in-flight count.
+    inflight: int = 0
+    running: float = 0.0
+    waiting: float = 0.0
+    kv_usage: float = 0.0
+    metrics_at: float = 0.0
+    ext_knobs: frozenset[str] = frozenset()
+    breaker: CircuitBreaker = field(default_factory=CircuitBreaker)
+
+    @property
+    def supports_knobs(self) -> bool:
+        return "max_draft" in self.ext_knobs
+
+    def serves(self, model: str) -> bool:
+        return model in self.models or model == self.configured_model
+
+    @property
+    def load(self) -> float:
+        """Work ahead of a new request here. The replica's gauges lag by one
+        scrape, so the gateway's own in-flight count (exact, instant) is added
+        rather than replaced; waiting requests cost more than running ones."""
+        return self.inflight + self.running + 2.0 * self.waiting + 4.0 * self.kv_usage
+
+    def describe(self, now: float | None = None) -> dict[str, Any]:
+        now = time.monotonic() if now is None else now
+        return {
+            "name": self.name,
+            "url": self.url,
+            "profile": self.profile,
+            "models": sorted(self.models | ({self.configured_model} if self.configured_model else set())),
+            "healthy": self.healthy,
+            "breaker": self.breaker.state(now),
+            "inflight": self.inflight,
+            "running": self.running,
+            "waiting": self.waiting,
+            "kv_cache_usage": self.kv_usage,
+            "ext_knobs": sorted(self.ext_knobs),
+            "last_error": self.last_error,
+        }
+
+
+class Registry:
+    """The set of replicas, keyed by name (order = config order)."""
+
+    def __init__(self, replicas: list[ReplicaState]) -> None:
+        self.replicas: dict[str, ReplicaState] = {r.name: r for r in replicas}
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> "Registry":
+        return cls([replica_from_config(r, settings) for r in settings.replicas])
+
+    def __iter__(self):
+        return iter(self.replicas.values())
+
+    def get(self, name: str) -> ReplicaState | None:
+        return self.replicas.get(name)
+
+    def add(self, state: ReplicaState) -> None:
+        self.replicas[state.name] = state
+
+    def remove(self, name: str) -> None:
+        self.replicas.pop(name, None)
+
+    def known_models(self) -> set[str]:
+        out: set[str] = set()
+        for r in self.replicas.values():
+            out |= r.models
+            if r.configured_model:
+                out.add(r.configured_model)
+        return out
+
+    def healthy_model_cards(self) -> list[dict[str, Any]]:
+        """The union of /v1/models entries over healthy replicas (first card per id wins)."""
+        seen: dict[str, dict[str, Any]] = {}
+        for r in self.replicas.values():
+            if not r.healthy:
+                continue
+            for card in r.model_cards:
+                seen.setdefault(card.get("id"), card)
+            if r.configured_model and r.configured_model not in seen:
+                seen[r.configured_model] = {"id": r.configured_model, "object": "model", "owned_by": "specgate"}
+        return list(seen.values())
+
+
+def replica_from_config(cfg: ReplicaConfig, settings: Settings) -> ReplicaState:
+    return ReplicaState(
+        name=cfg.name or cfg.url,
+        url=cfg.url,
+        profile=cfg.profile,
+        configured_model=cfg.model,
+        breaker=CircuitBreaker(failures=settings.breaker_failures, open_s=settings.breaker_open_s),
+    )

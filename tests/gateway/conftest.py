@@ -1,0 +1,139 @@
+"""Gateway test fixtures: real uvicorn servers on loopback ports (each in its
+own thread and event loop), the documented fake OpenAI backend
+(`bench/fake_openai_backend.py`) as the replica, real Redis for state."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import httpx
+import pytest
+import uvicorn
+
+from bench.fake_openai_backend import FakeBackend
+from gateway.app import create_app
+from gateway.config import hash_key, load_settings
+from tests.conftest import free_port
+
+KEYS = {"alpha": "sk-alpha-0123456789", "beta": "sk-beta-0123456789", "gamma": "sk-gamma-0123456789"}
+
+
+class ServerThread:
+    """A uvicorn server for one ASGI app, in a background thread."""
+
+    def __init__(self, app: Any, port: int) -> None:
+        self.port = port
+        self.url = f"http://127.0.0.1:{port}"
+        config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on", access_log=False)
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def start(self) -> "ServerThread":
+        self.thread.start()
+        deadline = time.time() + 20
+        while not self.server.started:
+            if not self.thread.is_alive():
+                raise RuntimeError("server thread exited during start-up")
+            if time.time() > deadline:
+                raise TimeoutError("server did not start")
+            time.sleep(0.02)
+        return self
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=15)
+
+
+@dataclass
+class Backend:
+    fake: FakeBackend
+    server: ServerThread
+
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+    def stop(self) -> None:
+        self.server.stop()
+
+
+@dataclass
+class Gateway:
+    app: Any
+    server: ServerThread
+
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+    @property
+    def state(self):
+        return self.app.state.gateway
+
+    def v1(self) -> str:
+        return self.server.url + "/v1"
+
+
+@pytest.fixture
+def start_backend() -> Callable[..., Backend]:
+    started: list[Backend] = []
+
+    def _start(**kwargs: Any) -> Backend:
+        fake = FakeBackend(**kwargs)
+        b = Backend(fake, ServerThread(fake, free_port()).start())
+        started.append(b)
+        return b
+
+    yield _start
+    for b in started:
+        b.stop()
+
+
+def tenant(name: str, **limits: Any) -> dict[str, Any]:
+    return {"id": name, "api_key_sha256": hash_key(KEYS[name]), **limits}
+
+
+@pytest.fixture
+def start_gateway(redis_url, redis_prefix) -> Callable[..., Gateway]:
+    started: list[Gateway] = []
+
+    def _start(replicas: list[dict[str, Any]], tenants: list[dict[str, Any]] | None = None, **overrides: Any) -> Gateway:
+        settings = load_settings(
+            replicas=replicas,
+            tenants=tenants if tenants is not None else [tenant("alpha"), tenant("beta")],
+            redis_url=redis_url,
+            redis_prefix=redis_prefix,
+            admin_key="admin-secret",
+            **{"health_interval_s": 30.0, "metrics_interval_s": 0.2, "telemetry_flush_s": 0.1, "policy_poll_s": 0.2, **overrides},
+        )
+        app = create_app(settings)
+        gw = Gateway(app, ServerThread(app, free_port()).start())
+        started.append(gw)
+        return gw
+
+    yield _start
+    for gw in started:
+        gw.server.stop()
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float = 5.0, interval: float = 0.05) -> Any:
+    deadline = time.time() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.time() > deadline:
+            raise AssertionError("condition not met within %.1fs" % timeout)
+        time.sleep(interval)
+
+
+def backend_requests(backend: Backend) -> list[dict[str, Any]]:
+    return httpx.get(backend.url + "/_fake/requests").json()
+
+
+def run_async(coro):
+    return asyncio.run(coro)

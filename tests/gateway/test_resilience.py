@@ -1,0 +1,149 @@
+"""Failover, mid-stream failure, circuit breaker, and cancellation reaching
+the replica — over real sockets."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+import openai
+import pytest
+
+from .conftest import KEYS, wait_for
+
+CHAT = {"model": "fake-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
+AUTH = {"authorization": f"Bearer {KEYS['alpha']}"}
+
+
+def test_failover_when_replica_dies_before_first_byte(start_backend, start_gateway):
+    dead = start_backend(name="a")
+    alive = start_backend(name="b")
+    gw = start_gateway([{"url": dead.url, "name": "a"}, {"url": alive.url, "name": "b"}])
+    first = httpx.post(gw.url + "/v1/chat/completions", json=CHAT, headers=AUTH)
+    assert first.headers["x-specgate-replica"] == "a"  # tie on load -> name order
+    dead.stop()  # the health check (every 30 s here) has not noticed yet
+    c = openai.OpenAI(base_url=gw.v1(), api_key=KEYS["alpha"], max_retries=0)
+    for stream in (False, True):
+        out = c.chat.completions.create(model="fake-model", messages=[{"role": "user", "content": "x"}], max_tokens=2, stream=stream)
+        if stream:
+            assert "".join(ch.choices[0].delta.content or "" for ch in out if ch.choices) == " tok0 tok1"
+        else:
+            assert out.choices[0].message.content == " tok0 tok1"
+    assert alive.fake.stats["completed"] == 2
+
+
+def test_failover_on_5xx_then_relay_when_all_fail(start_backend, start_gateway):
+    a = start_backend(name="a")
+    b = start_backend(name="b")
+    gw = start_gateway([{"url": a.url, "name": "a"}, {"url": b.url, "name": "b"}], breaker_failures=100)
+    a.fake.control.update(fail_next=1, fail_status=500)
+    r = httpx.post(gw.url + "/v1/chat/completions", json=CHAT, headers=AUTH)
+    assert r.status_code == 200 and r.headers["x-specgate-replica"] == "b"
+    a.fake.control.update(fail_next=10, fail_status=503)
+    b.fake.control.update(fail_next=10, fail_status=503)
+    r = httpx.post(gw.url + "/v1/chat/completions", json=CHAT, headers=AUTH)
+    assert r.status_code == 503
+    assert "injected failure" in r.json()["error"]["message"]  # the replica's own error body
+
+
+def test_mid_stream_death_sends_error_event_and_ends(start_backend, start_gateway):
+    backend = start_backend()
+    gw = start_gateway([{"url": backend.url}])
+    backend.fake.control.update(die_after_chunks=3)
+    c = openai.OpenAI(base_url=gw.v1(), api_key=KEYS["alpha"], max_retries=0, timeout=10)
+    received = []
+    with pytest.raises(openai.APIError) as exc:
+        for chunk in c.chat.completions.create(model="fake-model", messages=[{"role": "user", "content": "x"}], max_tokens=8, stream=True):
+            received.append(chunk)
+    assert len(received) == 3
+    assert "mid-stream" in str(exc.value)
+
+
+def test_circuit_breaker_stops_sending_to_failing_replica(start_backend, start_gateway):
+    a = start_backend(name="a")
+    b = start_backend(name="b")
+    gw = start_gateway([{"url": a.url, "name": "a"}, {"url": b.url, "name": "b"}], breaker_failures=2, breaker_open_s=60)
+    a.fake.control.update(fail_next=1000, fail_status=500)
+    for _ in range(6):
+        r = httpx.post(gw.url + "/v1/chat/completions", json=CHAT, headers=AUTH)
+        assert r.status_code == 200 and r.headers["x-specgate-replica"] == "b"
+    assert a.fake.stats["requests"] == 2  # opened after two failures; no further attempts
+    assert gw.state.registry.get("a").breaker.state(time.monotonic()) == "open"
+    metrics = httpx.get(gw.url + "/metrics").text
+    assert 'specgate_replica_breaker_open{replica="a"} 1.0' in metrics
+
+
+def test_breaker_half_open_probe_closes_on_success(start_backend, start_gateway):
+    a = start_backend(name="a")
+    gw = start_gateway([{"url": a.url, "name": "a"}], breaker_failures=1, breaker_open_s=0.3, max_attempts=1)
+    a.fake.control.update(fail_next=1, fail_status=500)
+    assert httpx.post(gw.url + "/v1/chat/completions", json=CHAT, headers=AUTH).status_code == 500
+    assert httpx.post(gw.url + "/v1/chat/completions", json=CHAT, headers=AUTH).status_code == 503  # open
+    time.sleep(0.35)
+    assert httpx.post(gw.url + "/v1/chat/completions", json=CHAT, headers=AUTH).status_code == 200  # probe
+    assert gw.state.registry.get("a").breaker.state(time.monotonic()) == "closed"
+
+
+def test_client_disconnect_cancels_non_streaming_upstream(start_backend, start_gateway):
+    backend = start_backend()
+    gw = start_gateway([{"url": backend.url}])
+    backend.fake.control.update(delay_s=60.0)
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(gw.url + "/v1/chat/completions", json=CHAT, headers=AUTH, timeout=2.0)
+    assert backend.fake.stats["requests"] == 1  # it reached the replica before the client left
+    wait_for(lambda: backend.fake.stats["cancelled"] == 1, timeout=15)
+    assert backend.fake.stats["completed"] == 0
+    wait_for(lambda: gw.state.registry.get(next(iter(gw.state.registry.replicas))).inflight == 0, timeout=15)
+
+
+def test_client_disconnect_cancels_streaming_upstream(start_backend, start_gateway):
+    backend = start_backend()
+    gw = start_gateway([{"url": backend.url}])
+    backend.fake.control.update(chunk_delay_s=1.0)
+    c = openai.OpenAI(base_url=gw.v1(), api_key=KEYS["alpha"], max_retries=0)
+    stream = c.chat.completions.create(model="fake-model", messages=[{"role": "user", "content": "x"}], max_tokens=50, stream=True)
+    next(iter(stream))
+    stream.close()
+    wait_for(lambda: backend.fake.stats["cancelled"] == 1, timeout=15)
+    assert backend.fake.stats["completed"] == 0
+
+
+def test_health_thresholds(start_backend, start_gateway):
+    backend = start_backend()
+    gw = start_gateway([{"url": backend.url, "name": "r"}], health_interval_s=0.1, health_fail_threshold=2, health_success_threshold=2)
+    replica = gw.state.registry.get("r")
+    assert replica.healthy
+    backend.fake.control["healthy"] = False
+    wait_for(lambda: not replica.healthy, timeout=15)
+    assert replica.consecutive_fail >= 2
+    r = httpx.post(gw.url + "/v1/chat/completions", json=CHAT, headers=AUTH)
+    assert r.status_code == 503
+    backend.fake.control["healthy"] = True
+    wait_for(lambda: replica.healthy, timeout=15)
+    assert replica.consecutive_ok >= 2
+    assert httpx.post(gw.url + "/v1/chat/completions", json=CHAT, headers=AUTH).status_code == 200
+
+
+def test_load_is_scraped_from_replica_metrics(start_backend, start_gateway):
+    backend = start_backend(knobs=True)
+    gw = start_gateway([{"url": backend.url, "name": "r"}])
+    replica = gw.state.registry.get("r")
+    assert replica.supports_knobs
+    backend.fake.running = 7  # the fake reports its in-progress count as vllm:num_requests_running
+    wait_for(lambda: replica.running == 7, timeout=15)
+    backend.fake.running = 0
+
+
+def test_session_affinity_keeps_a_session_on_one_replica(start_backend, start_gateway):
+    a = start_backend(name="a")
+    b = start_backend(name="b")
+    gw = start_gateway([{"url": a.url, "name": "a"}, {"url": b.url, "name": "b"}], routing="session_affinity")
+    chosen = {}
+    for session in ("s-1", "s-2", "s-3", "s-4", "s-5", "s-6"):
+        picks = {
+            httpx.post(gw.url + "/v1/chat/completions", json=CHAT, headers={**AUTH, "x-session-id": session}).headers["x-specgate-replica"]
+            for _ in range(3)
+        }
+        assert len(picks) == 1
+        chosen[session] = picks.pop()
+    assert set(chosen.values()) == {"a", "b"}  # sessions spread over both replicas
