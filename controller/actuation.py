@@ -1,0 +1,111 @@
+"""Actuation: publish per-tenant policies; hand the fleet plan to an actuator.
+
+Policies go through `gateway.speculation_policy.publish_policies` (versioned
+document + pub/sub), and only when something material changed, so that the
+policy version counts real changes and gateways are not woken every tick.
+
+The fleet plan (which replica should run which launch profile) changes a
+replica's *launch arguments*, i.e. a restart — something only the
+deployment layer may do. So it is a recommendation behind the `Actuator`
+interface; the default `NoopActuator` only records it (admin API + metric).
+A Kubernetes/Compose actuator would implement `apply()`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Protocol
+
+from gateway.speculation_policy import PolicySet, SpeculationPolicy, load_policies, publish_policies
+from gateway.store import Store
+
+from .decision import ReplicaRegime
+from .overrides import FLEET_PLAN_KEY
+
+
+def _material(p: SpeculationPolicy) -> tuple:
+    return (p.enabled, p.preferred_profile, p.max_draft, p.min_confidence, p.source)
+
+
+async def publish_if_changed(store: Store, policies: dict[str, SpeculationPolicy]) -> PolicySet | None:
+    """Publish a new policy version when any tenant's policy materially differs."""
+    current = await load_policies(store)
+    if set(current.policies) == set(policies) and all(
+        _material(current.policies[t]) == _material(p) for t, p in policies.items()
+    ):
+        return None
+    return await publish_policies(store, policies)
+
+
+class Actuator(Protocol):
+    name: str
+
+    async def apply(self, plan: dict[str, dict]) -> None: ...
+
+
+class NoopActuator:
+    """Records the plan; changes nothing (restarting replicas is the operator's call)."""
+
+    name = "noop"
+
+    def __init__(self) -> None:
+        self.last_plan: dict[str, dict] = {}
+
+    async def apply(self, plan: dict[str, dict]) -> None:
+        self.last_plan = plan
+
+
+def fleet_plan(regimes: dict[str, ReplicaRegime]) -> dict[str, dict]:
+    return {
+        name: {
+            "current_profile": r.profile,
+            "recommended_profile": r.recommended_profile,
+            "predicted_gain": r.recommended_gain,
+            "rho": r.rho,
+            "regime": r.regime,
+        }
+        for name, r in regimes.items()
+    }
+
+
+async def store_fleet_plan(store: Store, plan: dict[str, dict], actuator: Actuator) -> None:
+    await store.set_json(FLEET_PLAN_KEY, {"actuator": actuator.name, "replicas": plan})
+    await actuator.apply(plan)
+
+
+def regime_dict(r: ReplicaRegime) -> dict:
+    return asdict(r)
+
+
+class PlanGate:
+    """Hysteresis for acting on the fleet plan (pure state machine, no I/O).
+
+    A restart costs a replica's capacity for its start-up time, so a
+    recommendation is acted on only when it is stable for `confirm_ticks`,
+    predicts at least `min_gain`, the replica has not been restarted in the
+    last `min_interval_s`, and no other replica is mid-restart.
+    """
+
+    def __init__(self, confirm_ticks: int = 30, min_gain: float = 1.05, min_interval_s: float = 120.0) -> None:
+        self.confirm_ticks = confirm_ticks
+        self.min_gain = min_gain
+        self.min_interval_s = min_interval_s
+        self._streak: dict[str, tuple[str, int]] = {}
+        self._last_restart: dict[str, float] = {}
+
+    def actions(self, regimes: dict[str, ReplicaRegime], now: float, busy: set[str] | frozenset = frozenset()) -> list[tuple[str, str]]:
+        out: list[tuple[str, str]] = []
+        for name in sorted(regimes):
+            r = regimes[name]
+            if r.recommended_profile == r.profile or r.recommended_gain < self.min_gain:
+                self._streak.pop(name, None)
+                continue
+            prof, n = self._streak.get(name, (r.recommended_profile, 0))
+            n = n + 1 if prof == r.recommended_profile else 1
+            self._streak[name] = (r.recommended_profile, n)
+            recent = now - self._last_restart.get(name, float("-inf")) < self.min_interval_s
+            if n >= self.confirm_ticks and not recent and not busy and not out:
+                out.append((name, r.recommended_profile))
+                self._last_restart[name] = now
+                self._streak.pop(name, None)
+        return out

@@ -1,0 +1,96 @@
+"""ControlCore: estimators + hysteresis state around the pure `decide()`.
+
+This is everything the controller does between "I have a replica metrics
+snapshot / telemetry counters" and "here are the policies", with no I/O. The
+live controller (`service.py`) feeds it from HTTP scrapes and the store; the
+benchmark (`bench/control_sweep.py`) feeds it from the discrete-event
+simulator's views. Same code, same decisions.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from gateway.spec_telemetry import TelemetryCounters
+from gateway.speculation_policy import SpeculationPolicy
+from gateway.vllm_metrics import VllmMetricsSnapshot
+
+from .costs import ReplicaCost
+from .decision import FULL, Decision, DecisionConfig, TenantState, decide
+from .estimators import ReplicaEstimator, TenantEstimator, replica_views
+from .overrides import TenantOverride
+from .signals import ReplicaDeltaTracker, TelemetryDeltaTracker
+
+
+class ControlCore:
+    def __init__(
+        self,
+        decision_config: DecisionConfig | None = None,
+        cost_factory: Callable[[str], ReplicaCost] | None = None,
+        half_life_s: float = 300.0,
+        tpot_targets: dict[str, float | None] | None = None,
+    ) -> None:
+        self.decision_config = decision_config or DecisionConfig()
+        self.cost_factory = cost_factory or (lambda name: ReplicaCost.for_names("h200", "qwen3-8b"))
+        self.replicas = ReplicaEstimator()
+        self.tenants = TenantEstimator(half_life_s=half_life_s)
+        self.replica_tracker = ReplicaDeltaTracker()
+        self.telemetry_tracker = TelemetryDeltaTracker()
+        self.tpot_targets = dict(tpot_targets or {})
+        self.state: dict[str, TenantState] = {}
+        self._costs: dict[str, ReplicaCost] = {}
+
+    # -- inputs ---------------------------------------------------------
+    def observe_replica(self, name: str, profile: str, at: float, snap: VllmMetricsSnapshot | None) -> None:
+        cost = self._costs.get(name)
+        if cost is None:
+            cost = self._costs[name] = self.cost_factory(name)
+        est = self.replicas.ensure(name, profile, cost)
+        if snap is None:
+            self.replicas.mark_unhealthy(name)
+            self.replica_tracker.forget(name)
+            return
+        sample = self.replica_tracker.update(name, at, snap)
+        if sample is not None:
+            self.replicas.update(sample, self.tenants.context_tokens())
+        else:
+            est.healthy = True
+            est.supports_knobs = snap.supports_knobs
+            if est.samples == 0:
+                est.batch = snap.num_requests_running
+
+    def observe_telemetry(self, counters: list[TelemetryCounters], dt_s: float) -> None:
+        self.tenants.decay(dt_s)
+        # verify_ratio (drafted -> verified) is estimated per replica but not
+        # applied: adaptive verification verifies the *most promising* slots,
+        # so acceptance over verified slots overstates what longer drafts
+        # would get; vLLM's own accepted/drafted is the conservative choice.
+        self.tenants.update(self.telemetry_tracker.update(counters))
+
+    def seed(self, policies: dict[str, SpeculationPolicy], now: float) -> None:
+        """Adopt already-published policies as hysteresis state (failover)."""
+        self.state = {}
+        for tenant, p in policies.items():
+            k = 0 if not p.enabled else (p.max_draft if p.max_draft is not None else FULL)
+            self.state[tenant] = TenantState(k=k, theta=p.min_confidence, since=now, policy=p)
+        self.replica_tracker = ReplicaDeltaTracker()
+        self.telemetry_tracker = TelemetryDeltaTracker()
+
+    # -- decision -------------------------------------------------------
+    def decide(self, now: float, overrides: dict[str, TenantOverride] | None = None, extra_tenants: set[str] | None = None) -> Decision:
+        overrides = overrides or {}
+        tenants = set(self.tpot_targets) | set(overrides) | (extra_tenants or set())
+        return decide(
+            replica_views(self.replicas, self.tenants.replica_mix(), self.tenants.prompt_tokens()),
+            self.tenants.views(tenants, self.tpot_targets),
+            self.state,
+            overrides,
+            now,
+            self.decision_config,
+        )
+
+    def commit(self, decision: Decision) -> None:
+        self.state = decision.state
+
+    def traffic(self) -> dict[str, float]:
+        return {t: s.completion for t, s in self.tenants.sums.items()}

@@ -1,0 +1,258 @@
+"""Estimators: interval samples in, smoothed state out (ReplicaView/TenantView
+for the decision).
+
+Two time scales on purpose:
+
+* Regime signals (batch size, tokens per step) move with load and must be
+  seen within a tick or two, so they are lightly smoothed (EMA, alpha 0.6).
+* Acceptance is a property of the tenant's workload and drafter; it is noisy
+  per request and must not chase that noise, so per-tenant acceptance uses
+  decayed sums with a ~5-minute half-life and is shrunk toward the fleet mean
+  by a pseudo-count (empirical-Bayes style): a tenant with ten requests gets
+  mostly the fleet's value, one with ten thousand gets its own.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from .acceptance_fit import fit_conditional_acceptance
+from .costs import ReplicaCost, parse_profile
+from .decision import ReplicaView, TenantView
+from .signals import ReplicaSample, TenantSample
+
+
+def _decay(half_life_s: float, dt_s: float) -> float:
+    return 0.5 ** (max(dt_s, 0.0) / half_life_s) if half_life_s > 0 else 0.0
+
+
+@dataclass
+class ReplicaEstimate:
+    name: str
+    profile: str
+    cost: ReplicaCost
+    batch: float = 0.0
+    waiting: float = 0.0
+    kv_usage: float = 0.0
+    tokens_per_step: float | None = None
+    prefill_ratio: float = 0.0  # prompt tokens prefilled per generated token (chunked prefill shares steps)
+    step_time_s: float | None = None
+    acceptance_length: float | None = None
+    per_position: dict[int, float] = field(default_factory=dict)  # P(position i accepted) per draft
+    # Verified / drafted draft tokens. vLLM counts drafts trimmed by adaptive
+    # verification as drafted-and-rejected, so accepted/drafted understates
+    # acceptance on -av replicas; the verified share is recovered from
+    # iteration tokens - prefill - decode slots.
+    verify_ratio: float = 1.0
+    gpu_util: float | None = None
+    tensor_active: float | None = None
+    dram_active: float | None = None
+    supports_knobs: bool = False
+    healthy: bool = True
+    samples: int = 0
+    restarts: int = 0
+    context_tokens: float = 1024.0
+
+    @property
+    def block(self) -> int:
+        return parse_profile(self.profile)[0]
+
+    @property
+    def adaptive(self) -> bool:
+        return parse_profile(self.profile)[1]
+
+    def knee(self) -> float:
+        return self.cost.knee_tokens(max(self.batch, 1.0), self.context_tokens)
+
+    def rho(self) -> float | None:
+        if self.tokens_per_step is None:
+            return None
+        return self.tokens_per_step / self.knee()
+
+
+class ReplicaEstimator:
+    """Per-replica smoothed regime and acceptance."""
+
+    def __init__(self, alpha_regime: float = 0.6, alpha_acceptance: float = 0.2) -> None:
+        self.alpha_regime = alpha_regime
+        self.alpha_acceptance = alpha_acceptance
+        self.replicas: dict[str, ReplicaEstimate] = {}
+
+    def ensure(self, name: str, profile: str, cost: ReplicaCost) -> ReplicaEstimate:
+        est = self.replicas.get(name)
+        if est is None:
+            est = self.replicas[name] = ReplicaEstimate(name, profile, cost)
+        est.profile = profile
+        return est
+
+    def mark_unhealthy(self, name: str) -> None:
+        if name in self.replicas:
+            self.replicas[name].healthy = False
+
+    def update(self, sample: ReplicaSample, context_tokens: float | None = None) -> ReplicaEstimate:
+        est = self.replicas[sample.name]
+        a, b = self.alpha_regime, self.alpha_acceptance
+        est.healthy = True
+        est.samples += 1
+        est.restarts += int(sample.restarted)
+        est.supports_knobs = sample.supports_knobs
+        if context_tokens:
+            est.context_tokens = context_tokens
+        first = est.samples == 1
+        est.batch = sample.running if first else a * sample.running + (1 - a) * est.batch
+        est.waiting = sample.waiting if first else a * sample.waiting + (1 - a) * est.waiting
+        est.kv_usage = sample.kv_usage
+        if sample.iterations > 0:
+            tps = sample.iteration_tokens / sample.iterations
+            est.tokens_per_step = tps if est.tokens_per_step is None else a * tps + (1 - a) * est.tokens_per_step
+            step = sample.dt_s / sample.iterations
+            # The interval is all steps only when the engine never idled in it.
+            if sample.generation_tokens > 0:
+                ratio = sample.prompt_tokens / sample.generation_tokens
+                est.prefill_ratio = ratio if est.samples == 1 else b * ratio + (1 - b) * est.prefill_ratio
+            if sample.running >= 1:
+                est.step_time_s = step if est.step_time_s is None else a * step + (1 - a) * est.step_time_s
+                drafting = sample.drafts / sample.iterations
+                draft_len = math.ceil(sample.draft_tokens / sample.drafts) if sample.drafts > 0 else 0
+                est.cost.observe(sample.running, tps, draft_len, est.context_tokens, step, drafting_batch=drafting)
+        elif sample.running < 1:
+            est.tokens_per_step = None if est.tokens_per_step is None else (1 - a) * est.tokens_per_step
+        if sample.draft_tokens > 0 and sample.iterations > 0:
+            decode_slots = max(0.0, sample.generation_tokens - sample.accepted_tokens)
+            verified = sample.iteration_tokens - sample.prompt_tokens - decode_slots
+            ratio = min(1.0, max(0.05, verified / sample.draft_tokens))
+            est.verify_ratio = ratio if est.samples == 1 else b * ratio + (1 - b) * est.verify_ratio
+        if sample.drafts > 0:
+            al = 1.0 + sample.accepted_tokens / sample.drafts
+            w = min(1.0, b * math.sqrt(sample.drafts / 50.0)) if est.acceptance_length is not None else 1.0
+            est.acceptance_length = al if est.acceptance_length is None else w * al + (1 - w) * est.acceptance_length
+            for pos, acc in sample.accepted_per_pos.items():
+                rate = acc / sample.drafts
+                old = est.per_position.get(pos)
+                est.per_position[pos] = rate if old is None else w * rate + (1 - w) * old
+        est.gpu_util = sample.gpu_util
+        est.tensor_active = sample.tensor_active
+        est.dram_active = sample.dram_active
+        return est
+
+
+@dataclass
+class _TenantSums:
+    steps: float = 0.0
+    drafted: float = 0.0
+    accepted: float = 0.0
+    completion: float = 0.0
+    prompt: float = 0.0
+    requests: float = 0.0
+    by_replica: dict[str, float] = field(default_factory=dict)  # decayed completion tokens (routing mix)
+
+
+class TenantEstimator:
+    """Per-tenant decayed acceptance, shrunk toward the fleet mean."""
+
+    def __init__(self, half_life_s: float = 300.0, mix_half_life_s: float = 20.0, prior_steps: float = 100.0) -> None:
+        self.half_life_s = half_life_s
+        self.mix_half_life_s = mix_half_life_s
+        self.prior_steps = prior_steps
+        self.sums: dict[str, _TenantSums] = {}
+        self.fleet_prior = 0.7  # conditional acceptance before any data (DSpark-like drafter)
+
+    def decay(self, dt_s: float) -> None:
+        d = _decay(self.half_life_s, dt_s)
+        dm = _decay(self.mix_half_life_s, dt_s)
+        for s in self.sums.values():
+            s.steps *= d
+            s.drafted *= d
+            s.accepted *= d
+            s.completion *= d
+            s.prompt *= d
+            s.requests *= d
+            for r in list(s.by_replica):
+                s.by_replica[r] *= dm
+                if s.by_replica[r] < 1e-3:
+                    del s.by_replica[r]
+
+    def update(self, samples: list[TenantSample], verify_ratio: dict[str, float] | None = None) -> None:
+        """Fold interval samples in; `verify_ratio` (per replica, see ReplicaEstimate)
+        turns drafted tokens into verified ones before fitting acceptance."""
+        verify_ratio = verify_ratio or {}
+        for smp in samples:
+            s = self.sums.setdefault(smp.tenant, _TenantSums())
+            s.steps += smp.get("num_spec_steps")
+            s.drafted += smp.get("num_draft_tokens") * verify_ratio.get(smp.replica, 1.0)
+            s.accepted += smp.get("num_accepted_draft_tokens")
+            s.completion += smp.get("completion_tokens")
+            s.prompt += smp.get("prompt_tokens")
+            s.requests += smp.get("requests")
+            s.by_replica[smp.replica] = s.by_replica.get(smp.replica, 0.0) + smp.get("completion_tokens")
+
+    def fleet(self) -> tuple[float, float, float]:
+        steps = sum(s.steps for s in self.sums.values())
+        drafted = sum(s.drafted for s in self.sums.values())
+        accepted = sum(s.accepted for s in self.sums.values())
+        return steps, drafted, accepted
+
+    def fleet_acceptance(self) -> float:
+        a = fit_conditional_acceptance(*self.fleet())
+        return self.fleet_prior if a is None else a
+
+    def acceptance(self, tenant: str) -> tuple[float, float]:
+        """(shrunk conditional acceptance, effective steps of evidence)."""
+        f_steps, f_drafted, f_accepted = self.fleet()
+        s = self.sums.get(tenant)
+        if f_steps > 0:
+            per_step_d, per_step_a = f_drafted / f_steps, f_accepted / f_steps
+        else:
+            per_step_d, per_step_a = 4.0, 4.0 * self.fleet_prior
+        n0 = self.prior_steps
+        if s is None:
+            return self.fleet_acceptance(), 0.0
+        a = fit_conditional_acceptance(s.steps + n0, s.drafted + n0 * per_step_d, s.accepted + n0 * per_step_a)
+        return (self.fleet_acceptance() if a is None else a), s.steps
+
+    def prompt_tokens(self) -> float | None:
+        req = sum(s.requests for s in self.sums.values())
+        return sum(s.prompt for s in self.sums.values()) / req if req > 0 else None
+
+    def context_tokens(self) -> float | None:
+        req = sum(s.requests for s in self.sums.values())
+        if req <= 0:
+            return None
+        return (sum(s.prompt for s in self.sums.values()) + 0.5 * sum(s.completion for s in self.sums.values())) / req
+
+    def views(self, tenants: set[str], tpot_targets: dict[str, float | None]) -> list[TenantView]:
+        out = []
+        for t in sorted(tenants | set(self.sums)):
+            a, n = self.acceptance(t)
+            s = self.sums.get(t)
+            shares: dict[str, float] = {}
+            if s and s.by_replica:
+                total = sum(s.by_replica.values())
+                shares = {r: v / total for r, v in s.by_replica.items() if total > 0}
+            out.append(TenantView(t, a, n, tpot_targets.get(t), shares))
+        return out
+
+    def replica_mix(self) -> dict[str, dict[str, float]]:
+        """{replica: {tenant: share of that replica's recent completion tokens}}."""
+        per: dict[str, dict[str, float]] = {}
+        for t, s in self.sums.items():
+            for r, v in s.by_replica.items():
+                per.setdefault(r, {})[t] = v
+        return {r: {t: v / sum(m.values()) for t, v in m.items()} for r, m in per.items() if sum(m.values()) > 0}
+
+
+def replica_views(
+    est: ReplicaEstimator, mix: dict[str, dict[str, float]], prompt_tokens: float | None = None
+) -> list[ReplicaView]:
+    views = []
+    for r in est.replicas.values():
+        views.append(
+            ReplicaView(
+                name=r.name, profile=r.profile, block=r.block, adaptive=r.adaptive, supports_knobs=r.supports_knobs,
+                cost=r.cost, batch=r.batch, waiting=r.waiting, context_tokens=r.context_tokens, healthy=r.healthy,
+                tokens_per_step=r.tokens_per_step, acceptance_length=r.acceptance_length, mix=mix.get(r.name, {}),
+                prefill_ratio=r.prefill_ratio, prompt_tokens=prompt_tokens or 512.0,
+            )
+        )
+    return views

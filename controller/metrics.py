@@ -1,0 +1,97 @@
+"""The controller's own Prometheus metrics (prefix `specgate_controller_`).
+
+Tenant-labelled series are limited to the top-N tenants by recent traffic
+(the rest are folded into `other` or omitted) so a fleet with thousands of
+tenants does not explode the scrape.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+
+from gateway.speculation_policy import SpeculationPolicy
+
+from .decision import Decision
+
+
+class ControllerMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None, top_n: int = 20) -> None:
+        self.registry = registry or CollectorRegistry()
+        self.top_n = top_n
+        r = self.registry
+        self.ticks = Counter("specgate_controller_ticks", "Controller ticks run as leader", registry=r)
+        self.decisions = Counter(
+            "specgate_controller_decisions", "Per-tenant decisions by outcome", ["outcome"], registry=r
+        )
+        self.changes = Counter(
+            "specgate_controller_policy_changes", "Published per-tenant policy changes", ["tenant"], registry=r
+        )
+        self.publishes = Counter("specgate_controller_publishes", "Policy versions published", registry=r)
+        self.leader = Gauge("specgate_controller_is_leader", "1 when this instance holds the leader lock", registry=r)
+        self.paused = Gauge("specgate_controller_paused", "1 when paused by an admin", registry=r)
+        self.policy_version = Gauge("specgate_controller_policy_version", "Last published policy version", registry=r)
+        self.enabled = Gauge("specgate_controller_policy_enabled", "Speculation enabled per tenant", ["tenant"], registry=r)
+        self.max_draft = Gauge("specgate_controller_policy_max_draft", "Draft cap per tenant", ["tenant"], registry=r)
+        self.min_conf = Gauge(
+            "specgate_controller_policy_min_confidence", "Confidence floor per tenant", ["tenant"], registry=r
+        )
+        self.acceptance = Gauge(
+            "specgate_controller_tenant_acceptance",
+            "Estimated conditional per-position acceptance (top-N tenants)",
+            ["tenant"],
+            registry=r,
+        )
+        self.rho = Gauge("specgate_controller_replica_rho", "Compute-bound index tokens/step / knee", ["replica"], registry=r)
+        self.batch = Gauge("specgate_controller_replica_batch", "Smoothed running requests", ["replica"], registry=r)
+        self.al = Gauge("specgate_controller_replica_acceptance_length", "Measured acceptance length", ["replica"], registry=r)
+        self.goodput = Gauge(
+            "specgate_controller_replica_predicted_goodput", "Predicted output tokens/s", ["replica"], registry=r
+        )
+        self.plan = Gauge(
+            "specgate_controller_fleet_plan",
+            "Recommended launch profile per replica (1 on the recommended label)",
+            ["replica", "current", "recommended"],
+            registry=r,
+        )
+        self.plan_gain = Gauge(
+            "specgate_controller_fleet_plan_gain", "Predicted gain of the recommended profile", ["replica"], registry=r
+        )
+        self.scrape_failures = Counter(
+            "specgate_controller_scrape_failures", "Failed replica /metrics scrapes", ["replica"], registry=r
+        )
+
+    def observe(self, decision: Decision, policies: dict[str, SpeculationPolicy], traffic: dict[str, float]) -> None:
+        self.ticks.inc()
+        for rec in decision.records:
+            p = rec.policy
+            outcome = "hold" if not rec.changed else ("on" if p.enabled else "off")
+            self.decisions.labels(outcome).inc()
+        top = set(sorted(traffic, key=lambda t: -traffic[t])[: self.top_n]) | {"*"}
+        for gauge in (self.enabled, self.max_draft, self.min_conf, self.acceptance):
+            gauge.clear()
+        for rec in decision.records:
+            if rec.tenant not in top:
+                continue
+            p = policies.get(rec.tenant, rec.policy)
+            self.enabled.labels(rec.tenant).set(1 if p.enabled else 0)
+            self.max_draft.labels(rec.tenant).set(p.max_draft if p.max_draft is not None else -1)
+            self.min_conf.labels(rec.tenant).set(p.min_confidence or 0.0)
+            self.acceptance.labels(rec.tenant).set(rec.numbers.get("acceptance") or 0.0)
+        for gauge in (self.rho, self.batch, self.al, self.goodput, self.plan, self.plan_gain):
+            gauge.clear()
+        for name, reg in decision.replicas.items():
+            self.rho.labels(name).set(reg.rho)
+            self.batch.labels(name).set(reg.batch)
+            if reg.acceptance_length is not None:
+                self.al.labels(name).set(reg.acceptance_length)
+            self.goodput.labels(name).set(reg.predicted_goodput_tok_s)
+            self.plan.labels(name, reg.profile, reg.recommended_profile).set(1)
+            self.plan_gain.labels(name).set(reg.recommended_gain)
+
+    def count_changes(self, tenants: list[str], traffic: dict[str, float]) -> None:
+        top = set(sorted(traffic, key=lambda t: -traffic[t])[: self.top_n]) | {"*"}
+        for t in tenants:
+            self.changes.labels(t if t in top else "other").inc()
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

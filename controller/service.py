@@ -1,0 +1,269 @@
+"""The controller loop: I/O at the edges around the pure decision.
+
+Each tick (leader only): scrape replicas -> interval samples -> estimators;
+read the gateway's telemetry counters -> deltas -> tenant estimator; read
+admin overrides and the pause flag; `decide()`; publish changed policies;
+store the per-tenant last decision, the bounded change history, replica
+regimes and the fleet plan for the admin API; update /metrics.
+
+Leadership: several instances may run; the one holding the store's TTL lock
+(`controller:leader`, renewed every tick, TTL ~3 ticks) acts, the others
+stand by and retry every tick. A new leader seeds its hysteresis state from
+the currently published policies, so a failover does not flip anything.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import time
+import uuid
+from dataclasses import asdict, replace
+from typing import Any, Callable
+
+import httpx
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from gateway.config import Settings
+from gateway.spec_telemetry import read_all
+from gateway.speculation_policy import SpeculationPolicy, load_policies
+from gateway.store import Store
+
+from .actuation import Actuator, NoopActuator, fleet_plan, publish_if_changed, regime_dict, store_fleet_plan
+from .costs import ReplicaCost
+from .core import ControlCore
+from .decision import DecisionConfig
+from .decision import Decision
+from .metrics import ControllerMetrics
+from .overrides import (
+    HISTORY_KEY,
+    HISTORY_MAX,
+    LAST_DECISIONS_KEY,
+    LEADER_KEY,
+    REPLICAS_KEY,
+    STATUS_KEY,
+    is_paused,
+    load_overrides,
+)
+from .signals import merge_gpu_gauges, scrape_all, scrape_metrics
+
+log = logging.getLogger("specgate.controller")
+
+
+class ControllerConfig(BaseSettings):
+    """`SPECGATE_CONTROLLER_*` environment variables (CLI flags override)."""
+
+    model_config = SettingsConfigDict(env_prefix="SPECGATE_CONTROLLER_", extra="ignore")
+
+    tick_s: float = Field(default=1.0, gt=0)
+    lock_ttl_s: float | None = Field(default=None, gt=0, description="default: 3 ticks (min 1 s)")
+    instance_id: str = Field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}")
+    gpu: str = "h200"
+    model: str = "qwen3-8b"
+    scrape_timeout_s: float = Field(default=1.0, gt=0)
+    dcgm_url: str | None = Field(default=None, description="dcgm-exporter base URL whose gauges overlay every replica")
+    half_life_s: float = Field(default=300.0, gt=0)
+    top_tenants: int = Field(default=20, ge=1)
+    # Hysteresis and margins (DecisionConfig).
+    min_dwell_s: float = Field(default=30.0, ge=0)
+    confirm_ticks: int = Field(default=3, ge=1)
+    on_margin: float = Field(default=0.05, ge=0)
+    off_margin: float = Field(default=0.03, ge=0)
+    retune_margin: float = Field(default=0.05, ge=0)
+    strong_margin: float = Field(default=0.15, ge=0)
+
+    @property
+    def ttl_s(self) -> float:
+        return self.lock_ttl_s or max(1.0, 3 * self.tick_s)
+
+    def decision_config(self) -> DecisionConfig:
+        return DecisionConfig(
+            min_dwell_s=self.min_dwell_s,
+            confirm_ticks=self.confirm_ticks,
+            on_margin=self.on_margin,
+            off_margin=self.off_margin,
+            retune_margin=self.retune_margin,
+            strong_margin=self.strong_margin,
+        )
+
+
+class Controller:
+    def __init__(
+        self,
+        settings: Settings,
+        store: Store,
+        config: ControllerConfig | None = None,
+        actuator: Actuator | None = None,
+        metrics: ControllerMetrics | None = None,
+        on_tick: "Callable[[Decision], None] | None" = None,
+    ) -> None:
+        self.settings = settings
+        self.store = store
+        self.config = config or ControllerConfig()
+        self.actuator = actuator or NoopActuator()
+        self.metrics = metrics or ControllerMetrics(top_n=self.config.top_tenants)
+        self._tpot = {t.id: t.tpot_target_ms for t in settings.tenants}
+        self.core = ControlCore(
+            self.config.decision_config(),
+            cost_factory=lambda name: ReplicaCost.for_names(self.config.gpu, self.config.model),
+            half_life_s=self.config.half_life_s,
+            tpot_targets=self._tpot,
+        )
+        self.is_leader = False
+        self.last_decision: Decision | None = None
+        self.ticks = 0
+        self._last_tick: float | None = None
+        self._client: httpx.AsyncClient | None = None
+        self.on_tick = on_tick  # observer hook (tests, embedding): called after each leader tick
+
+    @property
+    def owner(self) -> str:
+        return self.config.instance_id
+
+    # -- leadership ---------------------------------------------------
+    async def _lead(self) -> bool:
+        got = await self.store.acquire_lock(LEADER_KEY, self.owner, self.config.ttl_s)
+        if got and not self.is_leader:
+            log.info("controller %s became leader", self.owner)
+            await self._seed_state()
+        if not got and self.is_leader:
+            log.warning("controller %s lost leadership", self.owner)
+        self.is_leader = got
+        self.metrics.leader.set(1 if got else 0)
+        return got
+
+    async def _seed_state(self) -> None:
+        """Adopt the published policies as hysteresis state (no flip on failover)."""
+        current = await load_policies(self.store)
+        self.core.seed(current.policies, time.monotonic())
+
+    # -- one tick -----------------------------------------------------
+    async def tick(self) -> Decision | None:
+        if not await self._lead():
+            return None
+        now = time.monotonic()
+        dt = 0.0 if self._last_tick is None else now - self._last_tick
+        self._last_tick = now
+        client = self._http()
+
+        replicas = {r.name: r.url for r in self.settings.replicas}
+        scraped = await scrape_all(client, replicas, self.config.scrape_timeout_s)
+        dcgm = await scrape_metrics(client, self.config.dcgm_url, self.config.scrape_timeout_s) if self.config.dcgm_url else None
+        for rc in self.settings.replicas:
+            at, snap = scraped[rc.name]
+            if snap is None:
+                self.metrics.scrape_failures.labels(rc.name).inc()
+            self.core.observe_replica(rc.name, rc.profile or "off", at, merge_gpu_gauges(snap, dcgm) if snap else None)
+        self.core.observe_telemetry(await read_all(self.store), dt)
+
+        overrides = await load_overrides(self.store)
+        paused = await is_paused(self.store)
+        decision = self.core.decide(now, overrides)
+        await self._actuate(decision, paused)
+        self.ticks += 1
+        if self.on_tick is not None:
+            self.on_tick(decision)
+        return decision
+
+    async def _actuate(self, decision: Decision, paused: bool) -> None:
+        traffic = self.core.traffic()
+        self.metrics.paused.set(1 if paused else 0)
+        wall = time.time()
+        if paused:
+            published = (await load_policies(self.store)).policies
+            last = {r.tenant: _record_json(r, wall, note="paused: not applied") for r in decision.records}
+        else:
+            self.core.commit(decision)
+            published = decision.policies
+            result = await publish_if_changed(self.store, decision.policies)
+            if result is not None:
+                self.metrics.publishes.inc()
+                self.metrics.policy_version.set(result.version)
+                changed = [r for r in decision.records if r.changed]
+                self.metrics.count_changes([r.tenant for r in changed], traffic)
+                for r in changed:
+                    await self.store.push_capped(
+                        HISTORY_KEY, {**_record_json(r, wall), "version": result.version, "by": self.owner}, HISTORY_MAX
+                    )
+            last = {r.tenant: _record_json(r, wall) for r in decision.records}
+        self.last_decision = decision
+        await self.store.set_json(LAST_DECISIONS_KEY, last)
+        replicas = {}
+        for name, reg in decision.replicas.items():
+            est = self.core.replicas.replicas.get(name)
+            replicas[name] = {
+                **regime_dict(reg),
+                "waiting": est.waiting if est else None,
+                "kv_usage": est.kv_usage if est else None,
+                "per_position_acceptance": {str(k): round(v, 4) for k, v in sorted((est.per_position if est else {}).items())},
+                "gpu_util": est.gpu_util if est else None,
+                "tensor_active": est.tensor_active if est else None,
+                "dram_active": est.dram_active if est else None,
+                "healthy": True,
+                "supports_knobs": est.supports_knobs if est else None,
+                "knee_scales": {"memory": round(est.cost.mem_scale, 3), "compute": round(est.cost.compute_scale, 3)} if est else None,
+            }
+        for name, est in self.core.replicas.replicas.items():
+            if name not in replicas:
+                replicas[name] = {"name": name, "profile": est.profile, "healthy": False}
+        await self.store.set_json(REPLICAS_KEY, replicas)
+        await store_fleet_plan(self.store, fleet_plan(decision.replicas), self.actuator)
+        await self.store.set_json(
+            STATUS_KEY,
+            {"leader": self.owner, "at": wall, "tick_s": self.config.tick_s, "paused": paused, "ticks": self.ticks + 1},
+            ttl_s=self.config.ttl_s * 2,
+        )
+        self.metrics.observe(decision, published, traffic)
+
+    # -- loop -----------------------------------------------------------
+    def _http(self) -> httpx.AsyncClient:
+        if self._client is None:
+            self._client = httpx.AsyncClient(timeout=self.config.scrape_timeout_s)
+        return self._client
+
+    async def run(self, stop: asyncio.Event | None = None) -> None:
+        stop = stop or asyncio.Event()
+        try:
+            while not stop.is_set():
+                started = time.monotonic()
+                try:
+                    await self.tick()
+                except Exception:  # one bad tick (store blip, odd metrics) must not kill the loop
+                    log.exception("controller tick failed")
+                delay = max(0.0, self.config.tick_s - (time.monotonic() - started))
+                try:
+                    await asyncio.wait_for(stop.wait(), timeout=delay)
+                except asyncio.TimeoutError:
+                    pass
+        finally:
+            await self.close()
+
+    async def close(self) -> None:
+        if self.is_leader:
+            try:
+                await self.store.release_lock(LEADER_KEY, self.owner)
+            except Exception:  # pragma: no cover - store gone at shutdown
+                log.warning("could not release leader lock")
+            self.is_leader = False
+            self.metrics.leader.set(0)
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None
+
+
+def _record_json(record: Any, wall: float, note: str | None = None) -> dict:
+    out = {
+        "tenant": record.tenant,
+        "at": wall,
+        "changed": record.changed and note is None,
+        "policy": record.policy.model_dump(mode="json"),
+        "reason": record.reason if note is None else f"{note}; would: {record.reason}",
+        "numbers": record.numbers,
+    }
+    return out
+
+
+__all__ = ["Controller", "ControllerConfig", "SpeculationPolicy", "asdict", "replace"]

@@ -1,0 +1,124 @@
+"""End to end: gateway + HTTP sim replicas (SIMULATION of vLLM + DSpark on an
+H200) + real Redis + the controller with 0.2 s ticks, driven by the real
+`openai` SDK through the gateway."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from openai import AsyncOpenAI
+
+from gateway.speculation_policy import load_policies
+
+from .conftest import TENANT_KEYS, running_controller
+from .servers import wait_for
+
+pytestmark = pytest.mark.slow
+MODEL = "Qwen/Qwen3-8B"
+
+
+def client(stack, tenant: str) -> AsyncOpenAI:
+    return AsyncOpenAI(base_url=stack.gateway_url + "/v1", api_key=TENANT_KEYS[tenant], max_retries=0, timeout=120)
+
+
+async def ask(c: AsyncOpenAI, workload: str, max_tokens: int = 48):
+    return await c.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": f"[workload={workload}] write something"}], max_tokens=max_tokens
+    )
+
+
+async def test_load_step_turns_speculation_off_within_two_ticks_and_back_on(stack_factory, redis_url, redis_prefix):
+    # A speculative replica and an `off` one: "off" means routing to the off
+    # pool (vLLM drafts batch-wide, so a per-request cap of 0 saves only verification).
+    async with stack_factory(["dspark-b8", "off"]) as st:
+        async with running_controller(st.settings, redis_url, redis_prefix) as (ctrl, ticks):
+            alpha, beta, bulk = client(st, "alpha"), client(st, "beta"), client(st, "bulk")
+            for _ in range(4):
+                await asyncio.gather(ask(alpha, "code"), ask(beta, "chat"))
+
+            async def enabled(tenant):
+                p = (await load_policies(st.store)).policies.get(tenant)
+                return p is not None and p.enabled
+
+            await wait_for(lambda: enabled("alpha"), 10, what="alpha enabled at low load")
+            assert await enabled("beta")
+
+            # Load step: 300 long requests -> batches deep in the compute-bound regime.
+            load = [asyncio.create_task(ask(bulk, "chat", max_tokens=3000)) for _ in range(300)]
+            try:
+                def first_loaded_tick():
+                    return next((i for i, d in enumerate(ticks) if d.replicas["sim-0"].batch >= 100), None) is not None
+
+                await wait_for(first_loaded_tick, 30, what="controller to see the load step")
+                i0 = next(i for i, d in enumerate(ticks) if d.replicas["sim-0"].batch >= 100)
+                await wait_for(lambda: len(ticks) >= i0 + 2, 10, what="two ticks after the load step")
+                for tenant in ("alpha", "beta"):
+                    states = [ticks[j].policies[tenant].enabled for j in (i0, i0 + 1)]
+                    assert states[-1] is False, (tenant, states, ticks[i0 + 1].policies[tenant].reason)
+                    assert ticks[i0 + 1].policies[tenant].preferred_profile == "off"
+                assert ticks[i0 + 1].replicas["sim-0"].regime == "compute-bound"
+                # The gateway applies it: alpha's next request carries max_draft=0 -> nothing drafted.
+                gw = st.app.state.gateway
+                await wait_for(lambda: not gw.policies.for_tenant("alpha").enabled, 5, what="gateway to apply")
+                resp = await ask(alpha, "code", max_tokens=16)
+                spec = (resp.model_extra.get("metrics") or {}).get("speculative_decoding") or {}
+                assert spec.get("num_draft_tokens", 0) == 0, spec
+            finally:
+                for t in load:
+                    t.cancel()
+                await asyncio.gather(*load, return_exceptions=True)
+
+            # Load drops -> speculation back on (after dwell + confirmation).
+            try:
+                await wait_for(lambda: enabled("alpha"), 30, what="alpha re-enabled after the load dropped")
+            except AssertionError:
+                for d in ticks[-30::3]:
+                    print(d.replicas["sim-0"].batch, d.replicas["sim-0"].rho, d.policies["alpha"].reason)
+                raise
+            await wait_for(lambda: enabled("beta"), 10, what="beta re-enabled after the load dropped")
+            history = await st.store.recent("controller:history", 50)
+            assert any(h["tenant"] == "alpha" and not h["policy"]["enabled"] for h in history)
+            assert all(h["reason"] for h in history)
+
+
+async def test_per_tenant_tuning_settles_on_different_draft_lengths(stack_factory, redis_url, redis_prefix):
+    async with stack_factory(["dspark-b16"]) as st:
+        async with running_controller(st.settings, redis_url, redis_prefix) as (ctrl, ticks):
+            alpha, beta = client(st, "alpha"), client(st, "beta")
+            stop = asyncio.Event()
+
+            async def loop(c, workload):
+                while not stop.is_set():
+                    await ask(c, workload, max_tokens=64)
+
+            workers = [asyncio.create_task(loop(alpha, "code")) for _ in range(3)]
+            workers += [asyncio.create_task(loop(beta, "chat")) for _ in range(3)]
+            try:
+                async def settled():
+                    ps = (await load_policies(st.store)).policies
+                    a, b = ps.get("alpha"), ps.get("beta")
+                    full = 16  # max_draft None = no cap = the replica's whole block
+                    return a and b and a.enabled and b.enabled and (a.max_draft or full) > (b.max_draft or full)
+
+                streak = 0
+
+                async def settled_for_3s():
+                    nonlocal streak
+                    streak = streak + 1 if await settled() else 0
+                    return streak >= 15  # 15 consecutive checks, 0.2 s apart
+
+                try:
+                    await wait_for(settled_for_3s, 60, interval_s=0.2,
+                                   what="code-like tenant to settle on a longer draft than chat-like")
+                except AssertionError:
+                    for d in ticks[-60::4]:
+                        print(round(d.replicas["sim-0"].batch, 1), [(r.tenant, r.policy.max_draft, r.policy.min_confidence,
+                               r.reason[:90]) for r in d.records if r.tenant in ("alpha", "beta")])
+                    raise
+            finally:
+                stop.set()
+                await asyncio.gather(*workers, return_exceptions=True)
+            alpha_rec = ticks[-1].records
+            acc = {r.tenant: r.numbers["acceptance"] for r in alpha_rec}
+            assert acc["alpha"] > acc["beta"]

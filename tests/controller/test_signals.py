@@ -1,0 +1,79 @@
+"""Signals: counter deltas safe across resets/restarts, real scrapes of a sim
+replica's /metrics, and the gateway telemetry counters in real Redis."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from controller.signals import ReplicaDeltaTracker, TelemetryDeltaTracker, counter_delta, scrape_metrics
+from gateway.spec_telemetry import RequestSpecStats, read_all, record_request
+from gateway.vllm_metrics import VllmMetricsSnapshot
+
+from .servers import sim_replica
+
+
+@pytest.mark.parametrize(
+    "prev,cur,expected",
+    [(None, 5.0, 0.0), (5.0, 9.0, 4.0), (9.0, 3.0, 3.0), (3.0, None, 0.0), (4.0, 4.0, 0.0)],
+)
+def test_counter_delta(prev, cur, expected):
+    assert counter_delta(prev, cur) == expected
+
+
+def snap(drafts, accepted, steps, tokens, running=4.0):
+    return VllmMetricsSnapshot(
+        num_requests_running=running, spec_num_drafts=drafts, spec_num_draft_tokens=drafts * 4,
+        spec_num_accepted_tokens=accepted, spec_accepted_per_pos={0: accepted * 0.6, 1: accepted * 0.4},
+        iteration_tokens_sum=tokens, iteration_tokens_count=steps, generation_tokens=tokens,
+    )
+
+
+def test_replica_deltas_survive_a_restart():
+    tr = ReplicaDeltaTracker()
+    assert tr.update("r", 0.0, snap(100, 200, 50, 500)) is None  # first sight: no interval
+    s = tr.update("r", 1.0, snap(150, 300, 70, 700))
+    assert (s.drafts, s.accepted_tokens, s.iterations, s.iteration_tokens) == (50, 100, 20, 200)
+    assert not s.restarted
+    # Replica restarted: counters start again from zero; never a negative delta.
+    s = tr.update("r", 2.0, snap(10, 20, 5, 50))
+    assert s.restarted and (s.drafts, s.accepted_tokens, s.iterations) == (10, 20, 5)
+    assert all(v >= 0 for v in s.accepted_per_pos.values())
+    s = tr.update("r", 3.0, snap(30, 60, 9, 90))
+    assert not s.restarted and s.drafts == 20
+
+
+async def test_scrape_a_sim_replica_and_differentiate():
+    async with sim_replica("dspark-b8", "sim-s") as url:
+        async with httpx.AsyncClient() as http:
+            first = await scrape_metrics(http, url)
+            assert first is not None and first.supports_knobs
+            for _ in range(3):
+                r = await http.post(url + "/v1/completions", json={"model": "Qwen/Qwen3-8B", "prompt": "[workload=code] x",
+                                                                     "max_tokens": 40})
+                assert r.status_code == 200
+            second = await scrape_metrics(http, url)
+            tr = ReplicaDeltaTracker()
+            tr.update("s", 0.0, first)
+            sample = tr.update("s", 1.0, second)
+            assert sample.drafts > 0 and sample.accepted_tokens >= 0 and sample.iterations > 0
+            al = 1 + sample.accepted_tokens / sample.drafts
+            assert 1.0 <= al <= 9.0
+            assert await scrape_metrics(http, "http://127.0.0.1:9") is None  # unreachable -> None, not zeros
+
+
+async def test_telemetry_deltas_from_redis(redis_store):
+    tr = TelemetryDeltaTracker()
+    stats = RequestSpecStats(prompt_tokens=10, completion_tokens=20, num_spec_steps=8, num_draft_tokens=32,
+                             num_accepted_draft_tokens=12)
+    await record_request(redis_store, "t1", "r1", stats)
+    assert tr.update(await read_all(redis_store)) == []
+    await record_request(redis_store, "t1", "r1", stats)
+    await record_request(redis_store, "t1", "r1", stats)
+    (d,) = tr.update(await read_all(redis_store))
+    assert (d.tenant, d.replica, d.get("requests"), d.get("num_accepted_draft_tokens")) == ("t1", "r1", 2, 24)
+    # Counters flushed (e.g. Redis restarted): the new values are the increments.
+    await redis_store.delete("telemetry:t1|r1")
+    await record_request(redis_store, "t1", "r1", stats)
+    (d,) = tr.update(await read_all(redis_store))
+    assert d.get("requests") == 1 and d.get("num_spec_steps") == 8
