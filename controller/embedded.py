@@ -51,3 +51,26 @@ def start_embedded(gateway_state: Any, config: ControllerConfig | None = None, *
     except AttributeError:  # slotted state object: the admin API falls back to the store
         pass
     return EmbeddedController(controller, task, stop)
+
+
+def embed_in_app(app: Any, config: ControllerConfig | None = None) -> None:
+    """Wrap a gateway app's lifespan so the controller starts after the
+    gateway's store and health loops and stops before them.
+
+    Used by `specgate gateway --embedded-controller` and `specgate up`, so
+    single-node deployments and the demo run the same wiring.
+    """
+    import contextlib
+
+    gateway_lifespan = app.router.lifespan_context
+
+    @contextlib.asynccontextmanager
+    async def lifespan(a: Any):
+        async with gateway_lifespan(a) as maybe_state:
+            handle = start_embedded(a.state.gateway, config)
+            try:
+                yield maybe_state
+            finally:
+                await handle.stop()
+
+    app.router.lifespan_context = lifespan

@@ -27,6 +27,9 @@ def register(app: typer.Typer) -> None:
         host: str = typer.Option("127.0.0.1", help="bind address"),
         port: int = typer.Option(8080, help="bind port"),
         workers: int = typer.Option(1, help="uvicorn worker processes (share state through Redis)"),
+        embedded_controller: bool = typer.Option(
+            False, "--embedded-controller", help="also run the speculation controller in this process (single node)"
+        ),
     ) -> None:
         """Run the OpenAI-compatible gateway in front of the configured replicas."""
         import os
@@ -47,9 +50,17 @@ def register(app: typer.Typer) -> None:
         _tune_gc()
         kwargs = dict(host=host, port=port, loop="uvloop", http="httptools", access_log=False, log_config=None, log_level=settings.log_level.lower())
         if workers > 1:
+            if embedded_controller:
+                typer.echo("--embedded-controller needs --workers 1 (run `specgate controller` beside several workers)", err=True)
+                raise typer.Exit(code=2)
             uvicorn.run("gateway.app:create_app", factory=True, workers=workers, **kwargs)
-        else:
-            uvicorn.run(create_app(settings), **kwargs)
+            return
+        gateway_app = create_app(settings)
+        if embedded_controller:
+            from controller.embedded import embed_in_app
+
+            embed_in_app(gateway_app)
+        uvicorn.run(gateway_app, **kwargs)
 
     @app.command("hash-key")
     def hash_key_cmd(key: Optional[str] = typer.Argument(None, help="API key (read from stdin when omitted)")) -> None:

@@ -272,7 +272,7 @@ def _print_tail(out, path: Path, lines: int = 15) -> None:
 async def _serve(plan: UpPlan, sup: Supervisor, out: Callable[[str], None]) -> int:
     import uvicorn
 
-    from controller.embedded import start_embedded
+    from controller.embedded import embed_in_app
     from controller.service import ControllerConfig
     from gateway.app import create_app
     from gateway.store import create_store
@@ -280,21 +280,8 @@ async def _serve(plan: UpPlan, sup: Supervisor, out: Callable[[str], None]) -> i
     settings = settings_for(plan)
     store = create_store(settings.redis_url, settings.redis_prefix)
     app = create_app(settings, store)
-    gateway_lifespan = app.router.lifespan_context
-    ccfg = ControllerConfig(tick_s=plan.controller_tick_s, min_dwell_s=plan.controller_min_dwell_s, gpu=plan.gpu,
-                            model=plan.model)
-
-    @contextlib.asynccontextmanager
-    async def lifespan(a):
-        # The controller starts after the gateway's store/health loops and stops before them.
-        async with gateway_lifespan(a) as maybe_state:
-            handle = start_embedded(a.state.gateway, ccfg)
-            try:
-                yield maybe_state
-            finally:
-                await handle.stop()
-
-    app.router.lifespan_context = lifespan
+    embed_in_app(app, ControllerConfig(tick_s=plan.controller_tick_s, min_dwell_s=plan.controller_min_dwell_s,
+                                       gpu=plan.gpu, model=plan.model))
     server = uvicorn.Server(uvicorn.Config(app, host=plan.host, port=plan.port, log_level="warning",
                                            access_log=False, lifespan="on", timeout_graceful_shutdown=5))
     logging.getLogger("uvicorn.error").addFilter(_ShutdownCancellations(server))

@@ -33,3 +33,19 @@ async def test_embedded_controller_publishes_to_its_gateway():
             finally:
                 await handle.stop()
             assert handle.task.done() and not handle.controller.is_leader
+
+
+async def test_embed_in_app_starts_with_the_gateway_lifespan_and_stops_with_it():
+    """The wiring `specgate gateway --embedded-controller` and `specgate up` use."""
+    from controller.embedded import embed_in_app
+
+    async with sim_replica("dspark-b8", "sim-l") as url:
+        settings = Settings(replicas=[{"name": "sim-l", "url": url, "profile": "dspark-b8"}], admin_key=ADMIN_KEY,
+                            allow_anonymous=True, policy_poll_s=0.2, health_interval_s=0.2)
+        app = create_app(settings)
+        embed_in_app(app, ControllerConfig(tick_s=0.2, instance_id="lifespan"))
+        async with serve(app):
+            state = app.state.gateway
+            await wait_for(lambda: state.policies.version > 0, 10, what="embedded controller to publish")
+            assert state.controller.is_leader
+        assert not state.controller.is_leader
