@@ -9,6 +9,21 @@ Adjustments only ever make later admission more accurate, so they are summed
 per tenant and flushed every `flush_s` instead of costing a Redis round trip
 per request.
 
+Leases: at a few requests per second and up, a Redis round trip per request
+is most of the latency the gateway adds. So an instance may *lease* a small
+slice of a tenant's budget: one atomic `consume_window` of N requests and T
+tokens, made in the background, after which requests are admitted locally
+from the slice. Every admitted request is still paid for in Redis before it
+is admitted, so instances sharing one Redis never admit more than the limit
+together. A lease is sized to about `lease_s` of this instance's recent
+traffic, never more than `lease_fraction` of the tenant's per-minute limits
+(tenants with small limits never lease and are decided per request, exactly
+as before), is refilled in the background when half used, and what is left
+of it is returned to the window (`adjust_window`) when it expires after
+`lease_s` without traffic or when the gateway stops. A lease that does not
+fit (near the limit) is simply not granted; requests then take the
+per-request path, so denials and `Retry-After` are decided as before.
+
 Telemetry: `spec_telemetry` counters are additive, so per-(tenant, replica)
 increments are summed in memory and flushed every `telemetry_flush_s`
 (and on shutdown): the controller differentiates counters over tens of
@@ -20,6 +35,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
+import time
 from collections import defaultdict
 from typing import Any
 
@@ -61,13 +78,70 @@ def budget_key(tenant_id: str) -> str:
     return f"budget:{tenant_id}"
 
 
+_LEASE_HIT = WindowDecision(True, 0.0, {})
+
+
+class _Lease:
+    """This instance's pre-paid slice of one tenant's window budget."""
+
+    __slots__ = ("requests", "tokens", "expires", "refilling", "retry_at", "arrivals", "since", "avg_tokens")
+
+    def __init__(self, now: float) -> None:
+        self.requests = 0
+        self.tokens = 0
+        self.expires = 0.0
+        self.refilling = False
+        self.retry_at = 0.0  # after a refused lease, no new attempt before this
+        self.arrivals = 0
+        self.since = now
+        self.avg_tokens = 0.0
+
+
+def lease_size(rpm: int, tpm: int, rate_per_s: float, avg_tokens: float, lease_s: float, fraction: float) -> tuple[int, int] | None:
+    """(requests, tokens) to lease, or None when this tenant should not lease.
+
+    Pure: about `lease_s` of recent traffic, at most `fraction` of each
+    per-minute limit, and at least two requests' worth (a lease of one saves
+    nothing)."""
+    if fraction <= 0 or lease_s <= 0:
+        return None
+    want = max(2, math.ceil(rate_per_s * lease_s))
+    if rpm:
+        cap = math.floor(rpm * fraction)
+        if cap < 2:
+            return None
+        want = min(want, cap)
+    tokens = 0
+    if tpm:
+        per = max(1.0, avg_tokens)
+        cap_t = math.floor(tpm * fraction)
+        if cap_t < 2 * per:
+            return None
+        tokens = min(cap_t, math.ceil(want * per * 1.5))
+        want = min(want, max(2, int(tokens // per)))
+    return want if rpm else 0, tokens
+
+
 class Accounting:
-    def __init__(self, store: Store, window_s: int, flush_s: float = 0.05, telemetry_flush_s: float = 0.5) -> None:
+    def __init__(
+        self,
+        store: Store,
+        window_s: int,
+        flush_s: float = 0.05,
+        telemetry_flush_s: float = 0.5,
+        lease_fraction: float = 0.0,
+        lease_s: float = 1.0,
+    ) -> None:
         self.store = store
+        self.lease_fraction = lease_fraction
+        self.lease_s = lease_s
+        self._leases: dict[str, _Lease] = {}
+        self._lease_tasks: set[asyncio.Task] = set()
         self.window_s = window_s
         self.flush_s = flush_s
         self.telemetry_flush_s = telemetry_flush_s
         self._adjust: dict[str, int] = defaultdict(int)
+        self._adjust_requests: dict[str, int] = defaultdict(int)
         self._telemetry: dict[tuple[str, str], dict[str, float]] = {}
         self._tasks: list[asyncio.Task] = []
         self._pending: list = []
@@ -83,11 +157,28 @@ class Accounting:
         Reservations issued in the same event-loop tick are sent together
         (`store.consume_windows`: one script call, still decided one by one
         in arrival order), which is what keeps Redis-checked budgets cheap
-        at thousands of requests per second."""
+        at thousands of requests per second. With a live lease for the
+        tenant (see the module docstring) the request is admitted from it
+        without any store call."""
         rpm, tpm = tenant.requests_per_minute, tenant.tokens_per_minute
         if not rpm and not tpm:
             return None, 0
         tokens = min(estimate, tpm) if tpm else 0
+        if self.lease_fraction > 0:
+            lease = self._leases.get(tenant.id)
+            now = time.monotonic()
+            if lease is None:
+                lease = self._leases[tenant.id] = _Lease(now)
+            lease.arrivals += 1
+            lease.avg_tokens = tokens if lease.avg_tokens == 0 else 0.9 * lease.avg_tokens + 0.1 * tokens
+            hit = now < lease.expires and (not rpm or lease.requests >= 1) and (not tpm or lease.tokens >= tokens)
+            if hit:
+                if rpm:
+                    lease.requests -= 1
+                lease.tokens -= tokens
+            self._maybe_refill(tenant, lease, now)
+            if hit:
+                return _LEASE_HIT, tokens
         future = asyncio.get_running_loop().create_future()
         self._pending.append((budget_key(tenant.id), {"requests": 1, "tokens": tokens}, {"requests": rpm, "tokens": tpm}, future))
         if not self._flush_scheduled and not self._batch_in_flight:
@@ -129,9 +220,88 @@ class Accounting:
             if not fut.done():
                 fut.set_result(decision)
 
+    # -- leases -------------------------------------------------------
+    def _maybe_refill(self, tenant: TenantConfig, lease: _Lease, now: float) -> None:
+        if lease.refilling or now < lease.retry_at:
+            return
+        rate = lease.arrivals / max(0.05, now - lease.since)
+        size = lease_size(tenant.requests_per_minute, tenant.tokens_per_minute, rate, lease.avg_tokens, self.lease_s, self.lease_fraction)
+        if size is None:
+            return
+        want_r, want_t = size
+        low = (
+            now >= lease.expires - self.lease_s / 2
+            or (want_r and lease.requests * 2 <= want_r)
+            or (want_t and lease.tokens * 2 <= want_t)
+        )
+        if not low:
+            return
+        # Top up to the target, never beyond: what an instance holds stays
+        # bounded by about `lease_s` of its traffic.
+        need_r = max(0, want_r - lease.requests)
+        need_t = max(0, want_t - lease.tokens)
+        if not need_r and not need_t:
+            lease.expires = now + self.lease_s  # still in use, still full
+            return
+        lease.refilling = True
+        lease.arrivals, lease.since = 0, now
+        task = asyncio.ensure_future(self._refill(tenant, lease, need_r, need_t))
+        self._lease_tasks.add(task)
+        task.add_done_callback(self._lease_tasks.discard)
+
+    async def _refill(self, tenant: TenantConfig, lease: _Lease, want_r: int, want_t: int) -> None:
+        """One atomic reservation of the whole slice; nothing is consumed
+        when it does not fit."""
+        rpm, tpm = tenant.requests_per_minute, tenant.tokens_per_minute
+        try:
+            (decision,) = await self.store.consume_windows(
+                [(budget_key(tenant.id), {"requests": want_r, "tokens": want_t}, {"requests": rpm, "tokens": tpm})], self.window_s
+            )
+        except Exception:
+            lease.retry_at = time.monotonic() + self.lease_s
+            log.warning("budget lease failed", extra={"fields": {"tenant": tenant.id}})
+            return
+        finally:
+            lease.refilling = False
+        now = time.monotonic()
+        if not decision.allowed:
+            lease.retry_at = now + self.lease_s
+            return
+        if now >= lease.expires:
+            self._return_lease(tenant.id, lease)
+        lease.requests += want_r
+        lease.tokens += want_t
+        lease.expires = now + self.lease_s
+
+    def _return_lease(self, tenant_id: str, lease: _Lease) -> None:
+        """Give what is left of an expired slice back to the shared window."""
+        r, t = lease.requests, lease.tokens
+        lease.requests = lease.tokens = 0
+        if r or t:
+            self._adjust_requests[tenant_id] -= r
+            self._adjust[tenant_id] -= t
+
+    def expire_leases(self, now: float | None = None, all_: bool = False) -> None:
+        now = time.monotonic() if now is None else now
+        for tenant_id, lease in self._leases.items():
+            if (all_ or now >= lease.expires) and (lease.requests or lease.tokens):
+                self._return_lease(tenant_id, lease)
+
     def settle(self, tenant: TenantConfig, reserved: int, actual: int) -> None:
-        if tenant.tokens_per_minute and actual != reserved:
-            self._adjust[tenant.id] += actual - reserved
+        if not tenant.tokens_per_minute or actual == reserved:
+            return
+        delta = actual - reserved
+        lease = self._leases.get(tenant.id) if self._leases else None
+        if lease is not None and time.monotonic() < lease.expires:
+            # Tokens reserved but not used are already paid for in the window:
+            # they go back into this instance's live lease (and, with it, back
+            # to the window when it expires) instead of costing a Redis call.
+            # An overrun is taken from the lease as far as it reaches.
+            take = delta if delta < 0 else min(delta, lease.tokens)
+            lease.tokens -= take
+            delta -= take
+        if delta:
+            self._adjust[tenant.id] += delta
 
     def refund_request(self, tenant: TenantConfig, reserved: int) -> None:
         """Give back a reservation for a request that never reached a replica."""
@@ -152,12 +322,20 @@ class Accounting:
 
     # -- flushing -----------------------------------------------------
     async def flush_budgets(self) -> None:
-        if not self._adjust:
+        if self._leases:
+            self.expire_leases()
+        if not self._adjust and not self._adjust_requests:
             return
         pending, self._adjust = self._adjust, defaultdict(int)
-        for tenant_id, delta in pending.items():
-            if delta:
-                await self.store.adjust_window(budget_key(tenant_id), {"tokens": delta}, self.window_s)
+        pending_r, self._adjust_requests = self._adjust_requests, defaultdict(int)
+        for tenant_id in set(pending) | set(pending_r):
+            deltas = {}
+            if pending_r.get(tenant_id):
+                deltas["requests"] = pending_r[tenant_id]
+            if pending.get(tenant_id):
+                deltas["tokens"] = pending[tenant_id]
+            if deltas:
+                await self.store.adjust_window(budget_key(tenant_id), deltas, self.window_s)
 
     async def flush_telemetry(self) -> None:
         if not self._telemetry:
@@ -185,6 +363,12 @@ class Accounting:
         ]
 
     async def stop(self) -> None:
+        for t in list(self._lease_tasks):
+            try:
+                await asyncio.wait_for(t, 2.0)
+            except (asyncio.TimeoutError, asyncio.CancelledError, Exception):
+                pass
+        self.expire_leases(all_=True)
         for t in self._tasks:
             t.cancel()
         for t in self._tasks:

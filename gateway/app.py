@@ -30,7 +30,7 @@ from .policy_watch import PolicyView, PolicyWatcher
 from .proxy import CompletionEndpoint
 from .replicas import Registry
 from .speculation_policy import PolicySet
-from .store import Store, create_store
+from .store import MemoryStore, Store, create_store
 from .tracing import Tracing
 from .upstream import create_upstream
 
@@ -70,7 +70,11 @@ class GatewayState:
         if self.store is None:
             self.store = create_store(s.redis_url, s.redis_prefix)
         self.upstream = create_upstream(s.upstream_client, s.upstream_pool_size, s.connect_timeout_s, s.first_byte_timeout_s, s.read_timeout_s)
-        self.accounting = Accounting(self.store, s.budget_window_s, telemetry_flush_s=s.telemetry_flush_s)
+        # Leases save a Redis round trip; the embedded store has none to save.
+        lease_fraction = 0.0 if isinstance(self.store, MemoryStore) else s.budget_lease_fraction
+        self.accounting = Accounting(
+            self.store, s.budget_window_s, telemetry_flush_s=s.telemetry_flush_s, lease_fraction=lease_fraction, lease_s=s.budget_lease_s
+        )
         self.accounting.start()
         self.watcher = PolicyWatcher(self.store, self.policy_view, s.policy_poll_s, on_change=lambda p: self.metrics.policy_version.set(p.version))
         await self.watcher.start()

@@ -142,6 +142,14 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
     default_max_tokens: int = Field(default=256, ge=1, description="completion estimate when max_tokens is absent")
     budget_window_s: int = Field(default=60, ge=1)
+    budget_lease_fraction: float = Field(
+        default=0.01,
+        ge=0,
+        le=0.25,
+        description="largest share of a tenant's per-minute limits one instance may pre-reserve in Redis and admit from "
+        "locally (0 = a Redis round trip for every request); tenants whose limits are too small to lease are decided per request",
+    )
+    budget_lease_s: float = Field(default=1.0, gt=0, le=10, description="a budget lease covers about this much traffic and is returned after this long unused")
 
     # Observability.
     metrics_top_tenants: int = Field(default=20, ge=1)

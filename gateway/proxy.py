@@ -39,6 +39,7 @@ access_log = logging.getLogger("specgate.gateway.access")
 
 _JSON = b"application/json"
 _perf = time.perf_counter
+_now_ns = time.time_ns
 
 
 class _ClientGone(Exception):
@@ -132,15 +133,22 @@ class CompletionEndpoint:
         watcher: asyncio.Task | None = None
         me = asyncio.current_task()
         gone = False
+        root_ctx = None
+        marks: list = []
         try:
             # -- auth ---------------------------------------------------
+            # The auth and route spans are built after the response has gone
+            # out, from timestamps taken here (`_record_spans`): the same
+            # spans, but their SDK cost is off the latency path. Only the
+            # root and proxy spans must exist before the upstream call, for
+            # `traceparent`.
             if root is not None:
                 root_ctx = tracing.context_of(root)
-                span = tracing.start("auth", root_ctx)
+                marks = [_now_ns()]
             auth = state.tenants.authenticate(authorization)
             if root is not None:
-                span.set_attribute("specgate.authenticated", auth.tenant is not None)
-                span.end()
+                marks.append(_now_ns())
+                marks.append(auth.tenant is not None)
             if auth.tenant is None:
                 raise GatewayError(401, auth.error or "Unauthorized", code="invalid_api_key")
             tenant = auth.tenant
@@ -188,14 +196,14 @@ class CompletionEndpoint:
             # -- route ----------------------------------------------------
             policy = state.policy_view.for_tenant(tenant.id)
             if root is not None:
-                span = tracing.start("route", root_ctx)
+                marks.append(_now_ns())
             now = time.monotonic()
             allowed = [r.breaker.allows(now) for r in replicas]
             key = affinity_key(settings.routing, body, session, settings.prefix_chars) if settings.routing != "least_load" else None
             ranked = rank_replicas(replicas, RouteRequest(model, tenant.id, key), policy, allowed=allowed)
             if root is not None:
-                span.set_attribute("specgate.candidates", [r.name for r in ranked])
-                span.end()
+                marks.append(_now_ns())
+                marks.append([r.name for r in ranked])
             if not ranked:
                 raise GatewayError(503, f"No healthy replica is available for model `{model}`.", code="no_healthy_replica")
 
@@ -288,6 +296,8 @@ class CompletionEndpoint:
             if watcher is not None and not watcher.done():
                 watcher.cancel()
         elapsed = _perf() - t0
+        if root is not None:
+            _record_spans(tracing, root_ctx, marks)
         metrics.child(metrics.requests, tenant_label, replica_name, self.endpoint_label, str(status)).inc()
         metrics.child(metrics.latency, tenant_label, replica_name, str(status)).observe(elapsed)
         if state.settings.access_log:
@@ -380,6 +390,18 @@ class CompletionEndpoint:
             raise
         resp.release()
         t_done = _perf()
+        overhead = (t_up - t0) + (_perf() - t_done)
+        headers = resp.headers + [
+            (b"content-length", str(len(data)).encode()),
+            (b"x-specgate-replica", replica.name.encode()),
+            (b"x-specgate-overhead-ms", f"{overhead * 1000:.3f}".encode()),
+        ]
+        await send({"type": "http.response.start", "status": resp.status, "headers": headers})
+        await send({"type": "http.response.body", "body": data})
+        # Everything below runs after the response is out (usage parsing,
+        # histograms): off the client's latency.
+        state.metrics.child(state.metrics.overhead, self.endpoint_label, "false").observe(overhead)
+        state.metrics.child(state.metrics.ttft, replica.name).observe(t_done - t_up)
         usage = spec = None
         if resp.status == 200 and not stream:
             try:
@@ -389,16 +411,6 @@ class CompletionEndpoint:
                     spec = obj.get("metrics") if isinstance(obj.get("metrics"), dict) else None
             except orjson.JSONDecodeError:
                 pass
-        overhead = (t_done - t0) - (t_done - t_up) + (_perf() - t_done)
-        state.metrics.child(state.metrics.overhead, self.endpoint_label, "false").observe(overhead)
-        state.metrics.child(state.metrics.ttft, replica.name).observe(t_done - t_up)
-        headers = resp.headers + [
-            (b"content-length", str(len(data)).encode()),
-            (b"x-specgate-replica", replica.name.encode()),
-            (b"x-specgate-overhead-ms", f"{overhead * 1000:.3f}".encode()),
-        ]
-        await send({"type": "http.response.start", "status": resp.status, "headers": headers})
-        await send({"type": "http.response.body", "body": data})
         return usage, spec
 
     async def _relay_stream(self, t0, t_up, resp, replica, send, strip_usage: bool):
@@ -442,6 +454,16 @@ class CompletionEndpoint:
             raise
         await send({"type": "http.response.body", "body": b""})
         return tap.usage, tap.metrics, status
+
+
+def _record_spans(tracing, parent, marks: list) -> None:
+    """Emit the auth (and, when reached, route) spans from the timestamps the
+    request path took: [auth_start, auth_end, authenticated, route_start,
+    route_end, candidates]."""
+    if len(marks) >= 3:
+        tracing.record("auth", parent, marks[0], marks[1], {"specgate.authenticated": marks[2]})
+    if len(marks) >= 6:
+        tracing.record("route", parent, marks[3], marks[4], {"specgate.candidates": marks[5]})
 
 
 async def _watch_disconnect(receive, task: asyncio.Task) -> None:

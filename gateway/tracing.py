@@ -66,6 +66,12 @@ class Tracing:
     def start(self, name: str, parent=None, kind: str = "internal", attributes: dict | None = None):
         return self._tracer.start_span(name, context=parent, kind=self._kinds[kind], attributes=attributes)
 
+    def record(self, name: str, parent, start_ns: int, end_ns: int, attributes: dict | None = None) -> None:
+        """A finished internal span from timestamps taken earlier: lets the
+        request path defer span construction until its response is out."""
+        span = self._tracer.start_span(name, context=parent, kind=self._kinds["internal"], attributes=attributes, start_time=start_ns)
+        span.end(end_time=end_ns)
+
     def context_of(self, span):
         return self._set_span_in_context(span)
 

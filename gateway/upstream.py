@@ -20,6 +20,7 @@ from typing import AsyncIterator, Protocol
 
 import aiohttp
 import httpx
+import yarl
 
 HOP_BY_HOP = frozenset(
     {
@@ -109,13 +110,20 @@ class AiohttpUpstream:
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout_s, sock_read=read_timeout_s),
             auto_decompress=False,
             skip_auto_headers=("User-Agent", "Accept-Encoding"),
+            cookie_jar=aiohttp.DummyCookieJar(),  # replicas set no cookies; skip the jar's per-request work
         )
         self._first_byte = first_byte_timeout_s
+        self._urls: dict[str, yarl.URL] = {}  # parsed once per replica endpoint, not per request
 
     async def post(self, url: str, body: bytes, headers: dict[str, str]) -> _AiohttpResponse:
+        parsed = self._urls.get(url)
+        if parsed is None:
+            if len(self._urls) > 1024:
+                self._urls.clear()
+            parsed = self._urls[url] = yarl.URL(url)
         try:
             async with asyncio.timeout(self._first_byte):
-                resp = await self._session.post(url, data=body, headers=headers, allow_redirects=False)
+                resp = await self._session.post(parsed, data=body, headers=headers, allow_redirects=False)
         except aiohttp.ConnectionTimeoutError as exc:
             raise UpstreamConnectError(f"connect timeout: {exc}") from exc
         except (TimeoutError, asyncio.TimeoutError) as exc:
