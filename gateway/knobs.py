@@ -52,12 +52,20 @@ def validate_client_xargs(xargs: Any) -> dict[str, Any] | None:
 
 
 def merged_xargs(
-    client: dict[str, Any] | None, policy: SpeculationPolicy, replica_supports_knobs: bool
+    client: dict[str, Any] | None, policy: SpeculationPolicy, replica_knobs: frozenset[str]
 ) -> dict[str, Any] | None:
-    """The `vllm_xargs` to send to one replica (None = leave the field absent)."""
-    if not replica_supports_knobs:
+    """The `vllm_xargs` to send to one replica (None = leave the field absent).
+
+    `replica_knobs` is what the replica advertises in `specgate_ext_info`
+    (`max_draft`, `min_confidence`); the policy only adds knobs the replica
+    honours, so a replica without adaptive verification is never sent a
+    confidence floor it would ignore.
+    """
+    if "max_draft" not in replica_knobs:
         return client
     wanted = policy.vllm_xargs()
+    if "min_confidence" not in replica_knobs:
+        wanted.pop("specgate_min_confidence", None)
     if not wanted:
         return client
     out = dict(client) if client else {}

@@ -215,11 +215,20 @@ class CompletionEndpoint:
                     body["stream_options"] = {**(so if isinstance(so, dict) else {}), "include_usage": True}
                     strip_usage = True
             plain_body = orjson.dumps(body)
-            knob_body = None
-            knob_xargs = merged_xargs(client_xargs, policy, True)
-            if knob_xargs is not client_xargs and knob_xargs is not None:
-                body["vllm_xargs"] = knob_xargs
-                knob_body = orjson.dumps(body)
+            bodies: dict[frozenset[str], bytes] = {}
+
+            def body_for(replica) -> bytes:
+                """The body for one replica: the policy's knobs where it honours them."""
+                knobs = replica.ext_knobs
+                cached = bodies.get(knobs)
+                if cached is None:
+                    xargs = merged_xargs(client_xargs, policy, knobs)
+                    if xargs is client_xargs or xargs is None:
+                        cached = plain_body
+                    else:
+                        cached = orjson.dumps({**body, "vllm_xargs": xargs})
+                    bodies[knobs] = cached
+                return cached
 
             # -- proxy ----------------------------------------------------
             headers = {"content-type": "application/json", "accept": "text/event-stream" if stream else "application/json"}
@@ -232,7 +241,7 @@ class CompletionEndpoint:
                 if tracestate:
                     headers["tracestate"] = tracestate.decode("latin-1")
             try:
-                resp, replica, t_up = await self._attempts(ranked, plain_body, knob_body, headers)
+                resp, replica, t_up = await self._attempts(ranked, body_for, headers)
                 replica_name = replica.name
                 if proxy_span is not None:
                     proxy_span.set_attribute("specgate.replica", replica_name)
@@ -315,7 +324,7 @@ class CompletionEndpoint:
             )
         return status
 
-    async def _attempts(self, ranked, plain_body: bytes, knob_body: bytes | None, headers: dict[str, str]):
+    async def _attempts(self, ranked, body_for, headers: dict[str, str]):
         """Try replicas in rank order; fail over on connect errors and 5xx
         before the first byte. Returns (response, replica, t_upstream_start)."""
         state = self.state
@@ -334,7 +343,7 @@ class CompletionEndpoint:
                 backoff = min(settings.retry_backoff_max_s, settings.retry_backoff_base_s * (2 ** (attempt - 1)))
                 await asyncio.sleep(backoff * random.uniform(0.5, 1.0))
             replica.breaker.on_attempt(now)
-            body = knob_body if (knob_body is not None and replica.supports_knobs) else plain_body
+            body = body_for(replica)
             replica.inflight += 1
             t_up = _perf()
             try:

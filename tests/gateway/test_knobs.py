@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 
 from gateway.knobs import KnobError, merged_xargs, validate_client_xargs
+
+BOTH = frozenset({"max_draft", "min_confidence"})
 from gateway.speculation_policy import SpeculationPolicy
 
 
@@ -37,16 +39,24 @@ def test_good_client_knobs_pass():
 
 def test_policy_caps_client():
     policy = SpeculationPolicy(max_draft=4, min_confidence=0.5)
-    assert merged_xargs(None, policy, True) == {"specgate_max_draft": 4, "specgate_min_confidence": 0.5}
-    asked_less = merged_xargs({"specgate_max_draft": 2, "specgate_min_confidence": 0.9, "x": 1}, policy, True)
+    assert merged_xargs(None, policy, BOTH) == {"specgate_max_draft": 4, "specgate_min_confidence": 0.5}
+    asked_less = merged_xargs({"specgate_max_draft": 2, "specgate_min_confidence": 0.9, "x": 1}, policy, BOTH)
     assert asked_less == {"specgate_max_draft": 2, "specgate_min_confidence": 0.9, "x": 1}
-    asked_more = merged_xargs({"specgate_max_draft": 16, "specgate_min_confidence": 0.1}, policy, True)
+    asked_more = merged_xargs({"specgate_max_draft": 16, "specgate_min_confidence": 0.1}, policy, BOTH)
     assert asked_more == {"specgate_max_draft": 4, "specgate_min_confidence": 0.5}
 
 
 def test_disabled_policy_forces_zero_and_plain_replicas_are_untouched():
     off = SpeculationPolicy(enabled=False)
-    assert merged_xargs({"specgate_max_draft": 8}, off, True)["specgate_max_draft"] == 0
+    assert merged_xargs({"specgate_max_draft": 8}, off, BOTH)["specgate_max_draft"] == 0
     client = {"specgate_max_draft": 8}
-    assert merged_xargs(client, off, False) is client
-    assert merged_xargs(None, SpeculationPolicy(), True) is None
+    assert merged_xargs(client, off, frozenset()) is client
+    assert merged_xargs(None, SpeculationPolicy(), BOTH) is None
+
+
+def test_confidence_floor_only_for_replicas_that_honour_it():
+    policy = SpeculationPolicy(max_draft=4, min_confidence=0.5)
+    assert merged_xargs(None, policy, frozenset({"max_draft"})) == {"specgate_max_draft": 4}
+    floor_only = SpeculationPolicy(min_confidence=0.5)
+    client = {"x": 1}
+    assert merged_xargs(client, floor_only, frozenset({"max_draft"})) is client
