@@ -29,10 +29,13 @@ class ControlCore:
         cost_factory: Callable[[str], ReplicaCost] | None = None,
         half_life_s: float = 300.0,
         tpot_targets: dict[str, float | None] | None = None,
+        unhealthy_after_failures: int = 3,
     ) -> None:
         self.decision_config = decision_config or DecisionConfig()
         self.cost_factory = cost_factory or (lambda name: ReplicaCost.for_names("h200", "qwen3-8b"))
         self.replicas = ReplicaEstimator()
+        self._scrape_failures: dict[str, int] = {}
+        self.unhealthy_after_failures = unhealthy_after_failures
         self.tenants = TenantEstimator(half_life_s=half_life_s)
         self.replica_tracker = ReplicaDeltaTracker()
         self.telemetry_tracker = TelemetryDeltaTracker()
@@ -47,9 +50,14 @@ class ControlCore:
             cost = self._costs[name] = self.cost_factory(name)
         est = self.replicas.ensure(name, profile, cost)
         if snap is None:
-            self.replicas.mark_unhealthy(name)
-            self.replica_tracker.forget(name)
+            # Like the gateway's health checks: only consecutive failures mark a
+            # replica unhealthy, so one slow scrape cannot flip policies.
+            failures = self._scrape_failures[name] = self._scrape_failures.get(name, 0) + 1
+            if failures >= self.unhealthy_after_failures:
+                self.replicas.mark_unhealthy(name)
+                self.replica_tracker.forget(name)
             return
+        self._scrape_failures.pop(name, None)
         sample = self.replica_tracker.update(name, at, snap)
         if sample is not None:
             self.replicas.update(sample, self.tenants.context_tokens())

@@ -8,12 +8,15 @@ importing the other's machinery.
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from gateway.store import Store
+
+_log = logging.getLogger("specgate.controller.overrides")
 
 OVERRIDES_KEY = "controller:overrides"  # JSON {tenant: TenantOverride}
 PAUSED_KEY = "controller:paused"  # JSON {"paused": bool, "by": str, "at": float}
@@ -65,8 +68,17 @@ class TenantOverride(BaseModel):
 
 
 async def load_overrides(store: Store) -> dict[str, TenantOverride]:
+    """Stored overrides; an entry that no longer validates (an older schema,
+    a hand edit) is skipped with a warning rather than failing every tick and
+    every admin call."""
     raw = await store.get_json(OVERRIDES_KEY) or {}
-    return {tenant: TenantOverride.model_validate(value) for tenant, value in raw.items()}
+    overrides: dict[str, TenantOverride] = {}
+    for tenant, value in (raw.items() if isinstance(raw, dict) else ()):
+        try:
+            overrides[tenant] = TenantOverride.model_validate(value)
+        except ValidationError as exc:
+            _log.warning("ignoring invalid override for tenant %s: %s", tenant, exc.errors()[:1])
+    return overrides
 
 
 async def set_override(store: Store, tenant: str, override: TenantOverride) -> dict[str, TenantOverride]:

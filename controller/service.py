@@ -162,6 +162,11 @@ class Controller:
         overrides = await load_overrides(self.store)
         paused = await is_paused(self.store)
         decision = self.core.decide(now, overrides)
+        # The lock was renewed at the start of the tick; scraping and deciding
+        # take time, so confirm leadership again before writing anything, or a
+        # standby that took over meanwhile and this instance would both publish.
+        if not await self._lead():
+            return None
         await self._actuate(decision, paused)
         self.ticks += 1
         if self.on_tick is not None:

@@ -122,8 +122,8 @@ def create_app(settings: Settings | None = None, store: Store | None = None) -> 
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
-        await state.start()
         try:
+            await state.start()
             yield
         finally:
             await state.stop()

@@ -33,7 +33,11 @@ async def check_replica(client: httpx.AsyncClient, replica: ReplicaState, settin
         models = await client.get(replica.url + "/v1/models", timeout=settings.health_timeout_s)
         if models.status_code != 200:
             raise RuntimeError(f"/v1/models answered {models.status_code}")
-        cards = [c for c in (models.json().get("data") or []) if isinstance(c, dict) and c.get("id")]
+        payload = models.json()
+        data = payload.get("data") if isinstance(payload, dict) else None
+        if not isinstance(data, list):
+            raise RuntimeError("/v1/models answered without a `data` list")
+        cards = [c for c in data if isinstance(c, dict) and isinstance(c.get("id"), str) and c["id"]]
         replica.model_cards = cards
         replica.models = frozenset(c["id"] for c in cards)
         ok = True

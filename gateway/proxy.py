@@ -258,6 +258,10 @@ class CompletionEndpoint:
                     proxy_span.end()
 
             # -- accounting -----------------------------------------------
+            if usage is None and reserved_live and status != 200:
+                # The replica refused the request (its 4xx/5xx was relayed):
+                # nothing was generated, so the token estimate goes back.
+                state.accounting.settle(tenant, reserved, 0)
             if usage is not None:
                 stats = RequestSpecStats.from_response(usage, spec_metrics)
                 actual = stats.prompt_tokens + stats.completion_tokens
@@ -369,7 +373,11 @@ class CompletionEndpoint:
                 except (UpstreamBroken, UpstreamTimeout):
                     resp.abort()
                     data = b""
-                replica.inflight -= 1
+                except BaseException:  # client gone while reading the error body
+                    resp.abort()
+                    raise
+                finally:
+                    replica.inflight -= 1
                 replica.breaker.on_failure(time.monotonic())
                 metrics.child(metrics.attempts, replica.name, f"http_{resp.status}").inc()
                 last_5xx = (resp.status, resp.headers, data)

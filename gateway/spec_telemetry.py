@@ -10,7 +10,7 @@ several gateway instances add up without coordination.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Any, Mapping
 
 from .store import Store
 
@@ -41,23 +41,37 @@ class RequestSpecStats:
     num_accepted_draft_tokens: int | None = None
 
     @classmethod
-    def from_response(cls, usage: dict | None, metrics: dict | None) -> "RequestSpecStats":
-        """Build from an OpenAI `usage` object and vLLM's `metrics` object."""
-        usage = usage or {}
-        spec = (metrics or {}).get("speculative_decoding") or {}
-        steps = spec.get("num_spec_steps")
-        if steps is None and spec.get("num_draft_tokens") is not None:
+    def from_response(cls, usage: Any, metrics: Any) -> "RequestSpecStats":
+        """Build from an OpenAI `usage` object and vLLM's `metrics` object.
+
+        Replica data is untrusted: a field of the wrong type or sign counts as
+        absent rather than failing the request after its response was sent.
+        """
+        usage = usage if isinstance(usage, dict) else {}
+        spec = metrics.get("speculative_decoding") if isinstance(metrics, dict) else None
+        spec = spec if isinstance(spec, dict) else {}
+        steps = _count(spec.get("num_spec_steps"))
+        drafted = _count(spec.get("num_draft_tokens"))
+        accepted = _count(spec.get("num_accepted_draft_tokens"))
+        if steps is None and drafted is not None:
             # Older summaries: derive steps from the mean acceptance length.
-            mal = spec.get("mean_acceptance_length") or 0
-            accepted = spec.get("num_accepted_draft_tokens") or 0
-            steps = round(accepted / (mal - 1)) if mal and mal > 1 else None
+            mal = spec.get("mean_acceptance_length")
+            if isinstance(mal, (int, float)) and mal > 1 and accepted is not None:
+                steps = round(accepted / (mal - 1))
         return cls(
-            prompt_tokens=int(usage.get("prompt_tokens") or 0),
-            completion_tokens=int(usage.get("completion_tokens") or 0),
+            prompt_tokens=_count(usage.get("prompt_tokens")) or 0,
+            completion_tokens=_count(usage.get("completion_tokens")) or 0,
             num_spec_steps=steps,
-            num_draft_tokens=spec.get("num_draft_tokens"),
-            num_accepted_draft_tokens=spec.get("num_accepted_draft_tokens"),
+            num_draft_tokens=drafted,
+            num_accepted_draft_tokens=accepted,
         )
+
+
+def _count(value: Any) -> int | None:
+    """A non-negative integer count, or None for anything else (bools included)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value or value < 0:
+        return None
+    return int(value)
 
 
 @dataclass

@@ -10,6 +10,7 @@ the `engine` label (data-parallel engines behind one API server) and across
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -70,6 +71,8 @@ def parse_vllm_metrics(text: str) -> VllmMetricsSnapshot:
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             name, labels, value = sample.name, sample.labels, sample.value
+            if not math.isfinite(value):
+                continue  # NaN/Inf are legal in the exposition (DCGM emits them); never let one poison an estimate
             if "model_name" in labels:
                 models.add(labels["model_name"])
             if family.name in _GAUGES and name == family.name:

@@ -16,6 +16,7 @@ start-up, the parent being killed). Three mechanisms together make that true:
 from __future__ import annotations
 
 import ctypes
+import contextlib
 import os
 import signal
 import subprocess
@@ -98,7 +99,8 @@ class Supervisor:
                 child.proc.wait(timeout=remaining)
             except subprocess.TimeoutExpired:
                 _signal_group(child.proc, signal.SIGKILL)
-                child.proc.wait(timeout=5)
+                with contextlib.suppress(subprocess.TimeoutExpired):  # stuck in D state: keep cleaning the rest
+                    child.proc.wait(timeout=5)
             # The group may hold grandchildren (e.g. a worker): make sure none survive.
             _signal_group(child.proc, signal.SIGKILL, only_if_exists=True)
             if child.log:

@@ -180,7 +180,7 @@ def banner(plan: UpPlan, model_id: str) -> str:
         "  EOF",
         "",
         f"  curl -s {url}/admin/tenants -H 'Authorization: Bearer {plan.admin_key}'    # policies + reasons",
-        f"  specgate load --rps 30 --duration 90    # drive it; prints controller switches",
+        "  specgate load --rps 30 --duration 90    # drive it; prints controller switches",
         "",
         "Ctrl-C stops everything.",
     ]
@@ -205,6 +205,14 @@ def _write_state(path: Path, data: dict) -> None:
     with os.fdopen(fd, "w") as fh:
         json.dump(data, fh, indent=2)
     os.replace(tmp, path)
+
+
+def _remove_own_state(path: Path) -> None:
+    """Remove the state file only if this process wrote it: a second `specgate
+    up` that fails to start must not orphan the running stack's file."""
+    with contextlib.suppress(OSError, ValueError):
+        if json.loads(path.read_text()).get("pid") == os.getpid():
+            path.unlink()
 
 
 class _Terminate(Exception):
@@ -247,8 +255,7 @@ def run_up(plan: UpPlan, out: Callable[[str], None] = print, log_dir: Path | Non
     finally:
         out("specgate up: stopping ...")
         sup.stop_all()
-        with contextlib.suppress(FileNotFoundError):
-            plan.state_file.unlink()
+        _remove_own_state(plan.state_file)
         signal.signal(signal.SIGTERM, previous)
         out("specgate up: stopped (all child processes exited)")
 

@@ -287,7 +287,11 @@ def _messages_text(messages: Any) -> str:
         if isinstance(content, str):
             parts.append(content)
         elif isinstance(content, list):
-            parts += [p.get("text", "") for p in content if isinstance(p, dict)]
+            for j, p in enumerate(content):
+                text = p.get("text", "") if isinstance(p, dict) else None
+                if not isinstance(text, str):
+                    raise ApiError(400, f"messages[{i}].content[{j}].text must be a string", param="messages")
+                parts.append(text)
         elif content is not None:
             raise ApiError(400, f"messages[{i}].content must be a string or a list of parts", param="messages")
     return "\n".join(parts)
@@ -494,8 +498,8 @@ def create_app(settings: SimReplicaSettings | None = None) -> FastAPI:
         finish_reason = "stop" if natural else "length"
         stream = bool(body.get("stream"))
         so = body.get("stream_options") or {}
-        sim.in_flight += 1
         if not stream:
+            sim.in_flight += 1
             try:
                 await _wait_done(req)
             finally:
@@ -538,6 +542,10 @@ def create_app(settings: SimReplicaSettings | None = None) -> FastAPI:
 
     async def _sse(rid: str, created: int, req: EngineRequest, chat: bool, finish_reason: str, include_usage: bool,
                    continuous: bool) -> AsyncIterator[bytes]:
+        # Counted here, not before the response object is built: a client that
+        # leaves before the body is first iterated never runs this generator's
+        # `finally`, and the count would leak.
+        sim.in_flight += 1
         st: _Stream = req.user
         obj = "chat.completion.chunk" if chat else "text_completion"
         model = settings.model_name

@@ -25,6 +25,7 @@ import functools
 import logging
 from typing import Any
 
+from .guard import run_guarded
 from .knobs import parse_knobs
 
 logger = logging.getLogger("specgate.vllm_ext")
@@ -51,6 +52,10 @@ def install_runner(runner_cls: type) -> bool:
     @functools.wraps(orig_add)
     def add_requests(self, scheduler_output):
         result = orig_add(self, scheduler_output)
+        run_guarded("confidence-floor bookkeeping", None, _record_floors, self, scheduler_output)
+        return result
+
+    def _record_floors(self, scheduler_output) -> None:
         manager = getattr(self, "adaptive_verification", None)
         for new_req in scheduler_output.scheduled_new_reqs:
             params = getattr(new_req, "sampling_params", None)
@@ -67,7 +72,6 @@ def install_runner(runner_cls: type) -> bool:
                 continue
             if knobs.min_confidence > 0.0:
                 _floors(manager)[new_req.req_id] = knobs.min_confidence
-        return result
 
     @functools.wraps(orig_remove)
     def _remove_request(self, req_id):
@@ -92,8 +96,7 @@ def install_manager(manager_cls: type) -> bool:
 
     orig_get = manager_cls.get_num_tokens
 
-    @functools.wraps(orig_get)
-    def get_num_tokens(self, num_tokens_per_req, draft_tokens):
+    def _floored(self, num_tokens_per_req, draft_tokens):
         floors: dict[str, float] | None = getattr(self, _FLOORS_ATTR, None)
         if floors:
             req_ids = [r for r in num_tokens_per_req if r in floors and draft_tokens.get(r)]
@@ -105,9 +108,14 @@ def install_manager(manager_cls: type) -> bool:
                     torch.tensor([len(draft_tokens[r]) for r in req_ids], dtype=torch.int32),
                     torch.tensor([floors[r] for r in req_ids], dtype=torch.float64),
                 )
-                num_tokens_per_req, draft_tokens = apply_floor_to_batch(
-                    num_tokens_per_req, draft_tokens, req_ids, counts.tolist()
-                )
+                return apply_floor_to_batch(num_tokens_per_req, draft_tokens, req_ids, counts.tolist())
+        return num_tokens_per_req, draft_tokens
+
+    @functools.wraps(orig_get)
+    def get_num_tokens(self, num_tokens_per_req, draft_tokens):
+        num_tokens_per_req, draft_tokens = run_guarded(
+            "confidence floor", (num_tokens_per_req, draft_tokens), _floored, self, num_tokens_per_req, draft_tokens
+        )
         return orig_get(self, num_tokens_per_req, draft_tokens)
 
     manager_cls.get_num_tokens = get_num_tokens

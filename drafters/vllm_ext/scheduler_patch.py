@@ -32,6 +32,7 @@ import functools
 import logging
 from typing import Any
 
+from .guard import run_guarded
 from .knobs import STOCK, RequestKnobs, parse_knobs
 
 logger = logging.getLogger("specgate.vllm_ext")
@@ -122,13 +123,13 @@ def install(scheduler_cls: type) -> bool:
                 self.num_spec_tokens,
             )
         if self.num_spec_tokens and self.running:
-            trim_running_drafts(self.running)
+            run_guarded("draft-cap trim", 0, trim_running_drafts, self.running)
         return orig_schedule(self, *args, **kwargs)
 
     @functools.wraps(orig_update_after)
     def _update_after_schedule(self, scheduler_output):
         if scheduler_output.scheduled_spec_decode_tokens:
-            enforce_caps_on_output(self.requests, scheduler_output)
+            run_guarded("draft-cap enforcement", 0, enforce_caps_on_output, self.requests, scheduler_output)
         return orig_update_after(self, scheduler_output)
 
     scheduler_cls.schedule = schedule

@@ -1,0 +1,24 @@
+"""A failure inside the plugin's step-loop code costs speculation control, never the engine."""
+
+from __future__ import annotations
+
+import logging
+
+from drafters.vllm_ext import guard
+
+
+def test_failure_returns_fallback_and_logs_once(caplog, monkeypatch):
+    monkeypatch.setattr(guard, "_reported", set())
+    monkeypatch.setattr(guard.logger, "propagate", True)
+
+    def broken(x):
+        raise KeyError(x)
+
+    with caplog.at_level(logging.ERROR, logger="specgate.vllm_ext"):
+        assert guard.run_guarded("site-a", "stock", broken, 1) == "stock"
+        assert guard.run_guarded("site-a", "stock", broken, 2) == "stock"
+    assert sum("site-a failed" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_success_passes_the_result_through():
+    assert guard.run_guarded("site-b", None, lambda a, b: a + b, 2, 3) == 5
