@@ -24,7 +24,9 @@ from .overrides import FLEET_PLAN_KEY
 
 
 def _material(p: SpeculationPolicy) -> tuple:
-    return (p.enabled, p.preferred_profile, p.max_draft, p.min_confidence, p.source)
+    """Worth a new version: a change in behaviour, or in who set it (an admin
+    pin replacing an identical controller choice must show as `admin`)."""
+    return (p.behaviour(), p.source)
 
 
 async def publish_if_changed(store: Store, policies: dict[str, SpeculationPolicy]) -> PolicySet | None:

@@ -435,8 +435,13 @@ def decide(
             best = slo_best
 
         cur = prev.k if prev.k >= 0 else None
-        g_off = table.get(0, fleet_goodput({**proposal, t: 0}, thetas, reps, t))
-        g_cur = table.get(cur, fleet_goodput({**proposal, t: cur}, thetas, reps, t)) if cur is not None else 0.0
+        # Look the table up first: `dict.get`'s default would evaluate a full
+        # fleet goodput even when the value is already there.
+        g_off = table[0] if 0 in table else fleet_goodput({**proposal, t: 0}, thetas, reps, t)
+        if cur is None:
+            g_cur = 0.0
+        else:
+            g_cur = table[cur] if cur in table else fleet_goodput({**proposal, t: cur}, thetas, reps, t)
         # Improvements are fleet goodput changes scaled by the tenant's share
         # of the traffic it shares replicas with: a 5 % tenant that triples
         # its own tokens moves the fleet ~10 %, and that must clear a margin
@@ -540,7 +545,7 @@ def decide(
         if slo_note:
             reason_bits.append(slo_note)
         policy = policy.model_copy(update={"reason": "; ".join(reason_bits), "source": "admin" if forced or (ov and ov.mode != "auto") else "controller"})
-        changed = prev.policy is None or _material(prev.policy) != _material(policy)
+        changed = prev.policy is None or prev.policy.behaviour() != policy.behaviour()
         since = now if (changed or prev.k != chosen) else prev.since
         kept = tuple(sorted(ema.items()))
         if chosen != cur:
@@ -608,10 +613,6 @@ def _fleet_acceptance(tenants: list[TenantView]) -> float:
 
 def _within(k: int, ov: TenantOverride, options: list[int]) -> bool:
     return k in options
-
-
-def _material(p: SpeculationPolicy) -> tuple:
-    return (p.enabled, p.preferred_profile, p.max_draft, p.min_confidence)
 
 
 def _slo_choice(t, best, table, target_ms, proposal, thetas, reps, tpot_ms, cfg):

@@ -40,6 +40,11 @@ class SpeculationPolicy(BaseModel):
     reason: str = ""
     source: str = "default"  # "default" | "config" | "controller" | "admin"
 
+    def behaviour(self) -> tuple:
+        """What requests actually get; two policies equal here act the same
+        (reason and source are bookkeeping)."""
+        return (self.enabled, self.preferred_profile, self.max_draft, self.min_confidence)
+
     def vllm_xargs(self) -> dict[str, int | float]:
         """The per-request knobs this policy implies for a knob-capable replica."""
         xargs: dict[str, int | float] = {}
