@@ -52,6 +52,7 @@ PROMPTS = [
 ]
 CHAT = [{"role": "user", "content": "Tell me about the quick brown fox. The quick brown fox jumps over the lazy dog."}]
 MAX_TOKENS = 48
+LONG_STREAM = 60_000  # tokens: a stream still running when its replica is killed
 
 
 _open_clients: list[openai.OpenAI] = []
@@ -298,9 +299,12 @@ def test_killed_replica_ends_its_stream_and_requests_fail_over(
     """A private replica (the shared ones must survive) preferred by the tenant's policy is SIGKILLed
     mid-stream: that stream ends with an error instead of hanging, and the next requests are served
     by the surviving replica before the health checker (30 s interval here) has noticed anything."""
-    # A long context, so the stream below is still being generated when the kill comes: the tiny model
-    # decodes ~1,000 tokens/s here, and 900 tokens could sit complete in socket buffers first.
-    victim_spec = plain_server_spec(tiny_model_dir, name="victim", max_model_len=4096)
+    # A generation that cannot finish before the kill, however the client thread is scheduled: the
+    # tiny model decodes a few thousand tokens/s, and once (CI) a whole 4,000-token stream sat complete
+    # in socket buffers before this thread read its first chunk. 60,000 tokens take well over a minute.
+    victim_spec = plain_server_spec(
+        tiny_model_dir, name="victim", max_model_len=LONG_STREAM + 64, env={"VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"}
+    )
     with VllmServer(victim_spec, vllm_log_dir) as victim:
         gw = start_gateway(
             [
@@ -316,8 +320,10 @@ def test_killed_replica_ends_its_stream_and_requests_fail_over(
         assert before.headers["x-specgate-replica"] == "victim"
 
         stream = c.completions.create(
-            model=model, prompt=PROMPTS[1], max_tokens=4000, temperature=0, stream=True, extra_body={"ignore_eos": True}
+            model=model, prompt=PROMPTS[1], max_tokens=LONG_STREAM, temperature=0, stream=True,
+            extra_body={"ignore_eos": True},
         )
+        assert stream.response.headers["x-specgate-replica"] == "victim"
         received = 0
         started = time.monotonic()
         with pytest.raises(openai.APIError):
@@ -325,7 +331,7 @@ def test_killed_replica_ends_its_stream_and_requests_fail_over(
                 received += 1
                 if received == 1:
                     victim.kill()
-        assert received < 4000
+        assert received < LONG_STREAM
         assert time.monotonic() - started < 60
 
         for i in range(3):
