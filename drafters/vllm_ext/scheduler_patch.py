@@ -22,6 +22,16 @@ Two hooks, both idempotent and both no-ops for requests without the keys:
    stock "pad new decode requests to a uniform spec length" branch adds `-1`
    padding slots to freshly admitted requests) is trimmed, together with its
    scheduled token count.
+3. `_update_after_schedule()` also sets the step's draft length
+   (`SchedulerOutput.num_spec_tokens_to_schedule`, the K the runner drafts with
+   after this step -- the field vLLM's own batch-size -> K table writes) to the
+   largest cap among the scheduled requests (stock K if any is uncapped). So a
+   step whose requests are all capped at 0 drafts nothing: the ngram proposer
+   proposes nothing, the V1 EAGLE/DFlash proposers take their "K=0" path (the
+   drafter's context pass only, to keep its KV in sync), and vLLM 0.33's V2
+   DSpark skips its query pass. That is what makes `specgate_max_draft: 0` for
+   every tenant on a replica cost about what an `off` replica costs, instead of
+   paying a drafter whose drafts are all thrown away.
 Lossless: verification of fewer drafts is still exact rejection sampling, so
 greedy output is unchanged.
 """
@@ -106,6 +116,34 @@ def enforce_caps_on_output(requests: dict[str, Any], scheduler_output: Any) -> i
     return removed
 
 
+def step_draft_len(requests: dict[str, Any], scheduled_req_ids, stock_k: int) -> int:
+    """The K to draft with after this step: the largest cap among the scheduled
+    requests, or `stock_k` as soon as one of them is uncapped (or unknown)."""
+    if stock_k <= 0:
+        return stock_k
+    k = 0
+    for req_id in scheduled_req_ids:
+        request = requests.get(req_id)
+        if request is None:
+            return stock_k
+        cap = knobs_for(request).max_draft
+        if cap is None or cap >= stock_k:
+            return stock_k
+        k = max(k, cap)
+    return k
+
+
+def lower_step_draft_len(requests: dict[str, Any], scheduler_output: Any) -> int:
+    """Write `step_draft_len` into the SchedulerOutput; returns the K it holds now."""
+    stock = getattr(scheduler_output, "num_spec_tokens_to_schedule", 0) or 0
+    if stock <= 0 or not scheduler_output.num_scheduled_tokens:
+        return stock
+    k = step_draft_len(requests, scheduler_output.num_scheduled_tokens, stock)
+    if k < stock:
+        scheduler_output.num_spec_tokens_to_schedule = k
+    return k
+
+
 def install(scheduler_cls: type) -> bool:
     """Patch `scheduler_cls` (vLLM's base Scheduler) in place. Idempotent."""
     if scheduler_cls.__dict__.get(_MARK):
@@ -130,6 +168,9 @@ def install(scheduler_cls: type) -> bool:
     def _update_after_schedule(self, scheduler_output):
         if scheduler_output.scheduled_spec_decode_tokens:
             run_guarded("draft-cap enforcement", 0, enforce_caps_on_output, self.requests, scheduler_output)
+        # Before the stock body: the async scheduler sizes next step's draft
+        # placeholders from this field there.
+        run_guarded("step draft length", 0, lower_step_draft_len, self.requests, scheduler_output)
         return orig_update_after(self, scheduler_output)
 
     scheduler_cls.schedule = schedule

@@ -106,7 +106,11 @@ class Recorder:
         self.stats_draft_tokens = 0
         self.verified_draft_tokens = 0  # drafts of steps whose output the scheduler consumed
 
+        self.step_k: list[tuple[frozenset[str], int]] = []  # (scheduled request ids, K drafted after the step)
+
     def see(self, so):
+        if so.num_scheduled_tokens:
+            self.step_k.append((frozenset(so.num_scheduled_tokens), so.num_spec_tokens_to_schedule))
         for req_id, n in so.num_scheduled_tokens.items():
             self.tokens.setdefault(req_id, []).append(n)
             self.drafts.setdefault(req_id, []).append(len(so.scheduled_spec_decode_tokens.get(req_id, ())))
@@ -205,6 +209,30 @@ def test_padded_new_decode_requests_respect_the_cap(async_scheduling):
     assert rec.drafts["p0"][0] == 0 and rec.tokens["p0"][0] == 1
     assert rec.drafts["p2"][0] == 2 and rec.tokens["p2"][0] == 1 + 2
     assert max(rec.drafts["p0"]) == 0 and max(rec.drafts["p2"]) == 2
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+def test_step_drafts_no_more_than_the_largest_cap_in_the_batch(async_scheduling):
+    """The K the runner drafts with after a step (the field vLLM's batch-size -> K
+    table sets) is the largest cap among the scheduled requests: all capped at 0 ->
+    K=0, so the drafter is not run for drafts nobody may verify; one uncapped
+    request -> stock K."""
+    scheduler = make_scheduler(async_scheduling)
+    zeros = [make_request(f"z{i}", {"specgate_max_draft": 0}) for i in range(3)]
+    rec = run(scheduler, zeros, async_scheduling=async_scheduling)
+    assert rec.step_k and all(k == 0 for _, k in rec.step_k), rec.step_k
+    assert all(max(d) == 0 for d in rec.drafts.values())
+
+    scheduler = make_scheduler(async_scheduling)
+    capped = [make_request("c1", {"specgate_max_draft": 1}), make_request("c2", {"specgate_max_draft": 2}),
+              make_request("z", {"specgate_max_draft": 0})]  # fmt: skip
+    rec = run(scheduler, capped, late=[make_request("u", None)], async_scheduling=async_scheduling)
+    for ids, k in rec.step_k:
+        expected = K if "u" in ids else 2 if "c2" in ids else 1 if "c1" in ids else 0
+        assert k == expected, (sorted(ids), k)
+    assert any("u" in ids for ids, _ in rec.step_k) and any("u" not in ids and k == 2 for ids, k in rec.step_k)
+    # Lowering K never costs a request drafts it may verify.
+    assert max(rec.drafts["c2"]) == 2 and max(rec.drafts["c1"]) == 1 and max(rec.drafts["u"]) == K
 
 
 def test_install_is_idempotent():
