@@ -80,20 +80,37 @@ def regime_dict(r: ReplicaRegime) -> dict:
 
 
 class PlanGate:
-    """Hysteresis for acting on the fleet plan (pure state machine, no I/O).
+    """When to act on the fleet plan: a restart must pay for itself (pure state machine, no I/O).
 
-    A restart costs a replica's capacity for its start-up time, so a
-    recommendation is acted on only when it is stable for `confirm_ticks`,
-    predicts at least `min_gain`, the replica has not been restarted in the
-    last `min_interval_s`, and no other replica is mid-restart.
+    A restart takes a replica away for `restart_s` (start-up incl. CUDA-graph
+    capture) plus its drain, and per-request knobs already capture most of a
+    regime's gain without one (drafters.vllm_ext skips the drafter when nobody
+    on a replica drafts). So a recommendation is acted on only when its
+    predicted gain repays the lost capacity over the time it can be expected
+    to last. How long a regime will last is unknown; the estimate used is how
+    long it has already lasted (the recommendation's stable streak, a
+    Lindy-style guess): restart once
+
+        (gain - 1) * streak_s >= payback * restart_s
+
+    so a +5 % recommendation waits ~10 min, a +50 % one ~1 min -- and a
+    regime that flips every few minutes never triggers restarts. Also: at
+    least `min_gain`, one replica at a time, none restarted within
+    `min_interval_s`.
     """
 
-    def __init__(self, confirm_ticks: int = 30, min_gain: float = 1.05, min_interval_s: float = 120.0) -> None:
-        self.confirm_ticks = confirm_ticks
+    def __init__(self, restart_s: float = 30.0, payback: float = 1.0, min_gain: float = 1.05,
+                 min_interval_s: float = 120.0, min_confirm_s: float = 30.0) -> None:
+        self.restart_s = restart_s
+        self.payback = payback
         self.min_gain = min_gain
         self.min_interval_s = min_interval_s
-        self._streak: dict[str, tuple[str, int]] = {}
+        self.min_confirm_s = min_confirm_s
+        self._streak: dict[str, tuple[str, float]] = {}  # replica -> (recommended profile, since)
         self._last_restart: dict[str, float] = {}
+
+    def pays_back(self, gain: float, streak_s: float) -> bool:
+        return streak_s >= self.min_confirm_s and (gain - 1.0) * streak_s >= self.payback * self.restart_s
 
     def actions(self, regimes: dict[str, ReplicaRegime], now: float, busy: set[str] | frozenset = frozenset()) -> list[tuple[str, str]]:
         out: list[tuple[str, str]] = []
@@ -102,11 +119,12 @@ class PlanGate:
             if r.recommended_profile == r.profile or r.recommended_gain < self.min_gain:
                 self._streak.pop(name, None)
                 continue
-            prof, n = self._streak.get(name, (r.recommended_profile, 0))
-            n = n + 1 if prof == r.recommended_profile else 1
-            self._streak[name] = (r.recommended_profile, n)
+            prof, since = self._streak.get(name, (r.recommended_profile, now))
+            if prof != r.recommended_profile:
+                since = now
+            self._streak[name] = (r.recommended_profile, since)
             recent = now - self._last_restart.get(name, float("-inf")) < self.min_interval_s
-            if n >= self.confirm_ticks and not recent and not busy and not out:
+            if self.pays_back(r.recommended_gain, now - since) and not recent and not busy and not out:
                 out.append((name, r.recommended_profile))
                 self._last_restart[name] = now
                 self._streak.pop(name, None)

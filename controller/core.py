@@ -89,7 +89,7 @@ class ControlCore:
         overrides = overrides or {}
         tenants = set(self.tpot_targets) | set(overrides) | (extra_tenants or set())
         return decide(
-            replica_views(self.replicas, self.tenants.replica_mix(), self.tenants.prompt_tokens()),
+            replica_views(self.replicas, self.tenants.replica_mix(), self.tenants.prompt_tokens(), self.tenants.prefill_ratio()),
             self.tenants.views(tenants, self.tpot_targets),
             self.state,
             overrides,

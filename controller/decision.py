@@ -30,8 +30,9 @@ predicted improvement over the *current* choice above a margin that is
 asymmetric (turn on: +5 %, turn off: +3 %, retune: +3 %, widened when the
 tenant's acceptance estimate rests on little data), the same proposal on
 `confirm_ticks` consecutive ticks, and `min_dwell_s` since the last change.
-A strong signal (improvement above `strong_margin`, e.g. a load step deep
-into the compute-bound regime) acts on the first tick and ignores dwell:
+A strong signal (improvement above `strong_margin` on `strong_ticks`
+consecutive ticks, e.g. a load step deep into or out of the compute-bound
+regime) skips the smoothing; a strong turn-off also ignores dwell:
 protecting the fleet beats smoothness. Admin overrides bypass hysteresis.
 """
 
@@ -186,6 +187,13 @@ def regime_label(rho: float) -> str:
     return "compute-bound"
 
 
+def _batch(rep: ReplicaView) -> float:
+    """The batch the policy will run at: running plus waiting requests. A queue
+    is the batch of the next seconds (a load step shows up there first, while
+    its prompts are still being prefilled), so the regime is judged on it."""
+    return max(rep.batch + max(rep.waiting, 0.0), 1.0)
+
+
 def _effective_cap(rep: ReplicaView, k: int) -> int:
     if rep.block <= 0 or k <= 0:
         return 0
@@ -213,7 +221,7 @@ def _replica_eval(
     The drafter runs for the drafting share of the batch over the longest
     cap in use (DSpark drafts the block in one parallel pass).
     """
-    batch = max(rep.batch, 1.0)
+    batch = _batch(rep)
     mix = rep.mix or {DEFAULT_TENANT: 1.0}
     total = sum(mix.values()) or 1.0
     rows = []  # (tenant, weight, a, cap, floor)
@@ -223,13 +231,18 @@ def _replica_eval(
         rows.append((tenant, w, acc.get(tenant, fleet_a), cap, theta.get(tenant)))
     # vLLM drafts batch-wide: on a speculative replica the drafter proposes a
     # full block for every decoding request whatever the per-request caps
-    # (a cap of 0 saves verification, not drafting). Only an `off` replica
-    # saves the drafter, so when the fleet has an off pool, a tenant at k=0
-    # is routed there (preferred_profile="off") and stops costing this
-    # replica's drafter; without one it keeps paying it.
+    # (a cap of 0 saves verification, not drafting). Two ways out: with an off
+    # pool, a tenant at k=0 is routed there (preferred_profile="off") and
+    # stops costing this replica's drafter; and on a knob-capable replica
+    # (drafters.vllm_ext) a step whose requests are all capped at 0 runs with
+    # K=0, which skips the drafter's pass -- so the pass is paid while anyone
+    # on the replica drafts, and not at all once nobody does.
+    any_drafting = any(cap > 0 for _, _, _, cap, _ in rows)
     if off_pool:
         drafting = sum(w for _, w, _, cap, _ in rows if cap > 0)
         longest = rep.block if drafting > 0 else 0
+    elif rep.supports_knobs and not any_drafting:
+        longest, drafting = 0, 0.0
     else:
         longest = rep.block
         drafting = 1.0 if rep.block > 0 else 0.0
@@ -268,7 +281,7 @@ def _replica_eval(
 
 def _marginal_theta(rep: ReplicaView, goodput: float, verify_tokens: float, cfg: DecisionConfig) -> float:
     """theta* = G * c_m: the survival a draft position needs to pay for its verification."""
-    batch = max(rep.batch, cfg.min_batch)
+    batch = max(_batch(rep), cfg.min_batch)
     delta = max(1.0, 0.1 * verify_tokens)
     t0 = rep.cost.step_time_s(batch, verify_tokens, rep.block, rep.context_tokens)
     t1 = rep.cost.step_time_s(batch, verify_tokens + delta, rep.block, rep.context_tokens)
@@ -319,7 +332,7 @@ def decide(
     for rep in live:
         g, _, n, _ = _replica_eval(rep, current, acc, thetas, 0.0, default_k, fleet_a, off_pool)
         engine_theta[rep.name] = 0.0  # adaptive verification is modelled inside _replica_eval
-        knee[rep.name] = rep.cost.knee_tokens(max(rep.batch, 1.0), rep.context_tokens)
+        knee[rep.name] = rep.cost.knee_tokens(_batch(rep), rep.context_tokens)
         measured = rep.tokens_per_step if rep.tokens_per_step else n
         rho[rep.name] = measured / knee[rep.name] if knee[rep.name] > 0 else 0.0
 
@@ -358,7 +371,7 @@ def decide(
         # Survey rule: long drafts only well below the knee. Keyed on the
         # batch's own rho (B / knee), which the policy does not move, so the
         # gate cannot oscillate with the draft length it gates.
-        base_rho = max((max(r.batch, 1.0) / knee[r.name] for r in reps if knee.get(r.name)), default=0.0)
+        base_rho = max((_batch(r) / knee[r.name] for r in reps if knee.get(r.name)), default=0.0)
         options = [k for k in options if min(k, max_block) <= cfg.large_draft or base_rho < cfg.large_draft_rho]
         if ov is not None:
             if ov.mode == "off":
@@ -498,11 +511,14 @@ def decide(
         elif forced:
             chosen, why = best, f"admin override ({ov.mode})"
             pending_k, pending_count = None, 0
-        elif strong and best == 0:
-            # Strong turn-off (protecting the fleet from a compute-bound
-            # batch): skips smoothing and dwell once it holds strong_ticks.
+        elif strong and (best == 0 or dwell_ok):
+            # Strong signal held for strong_ticks (a load step): skips the
+            # smoothing. A turn-off (protecting the fleet from a compute-bound
+            # batch) also skips dwell; anything else still respects it.
             chosen, why = best, f"k {_k(cur)}->{_k(best)}: predicted goodput {improvement:+.1%} (strong)"
             pending_k, pending_count = None, 0
+            # A regime step: the smoothed history describes the old regime.
+            ema = {k: g / top for k, g in table.items()}
         elif candidate == cur:
             why = "holding: current choice is the best predicted"
             pending_k, pending_count = None, 0

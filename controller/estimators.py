@@ -151,7 +151,7 @@ class _TenantSums:
 class TenantEstimator:
     """Per-tenant decayed acceptance, shrunk toward the fleet mean."""
 
-    def __init__(self, half_life_s: float = 300.0, mix_half_life_s: float = 20.0, prior_steps: float = 100.0) -> None:
+    def __init__(self, half_life_s: float = 300.0, mix_half_life_s: float = 5.0, prior_steps: float = 100.0) -> None:
         self.half_life_s = half_life_s
         self.mix_half_life_s = mix_half_life_s
         self.prior_steps = prior_steps
@@ -211,6 +211,14 @@ class TenantEstimator:
         a = fit_conditional_acceptance(s.steps + n0, s.drafted + n0 * per_step_d, s.accepted + n0 * per_step_a)
         return (self.fleet_acceptance() if a is None else a), s.steps
 
+    def prefill_ratio(self) -> float | None:
+        """Prompt tokens per generated token over finished requests: the
+        steady-state share of prefill in the steps. Unlike the replicas'
+        interval ratio it does not spike when a load step admits a burst of
+        prompts (admissions are not completions)."""
+        completion = sum(s.completion for s in self.sums.values())
+        return sum(s.prompt for s in self.sums.values()) / completion if completion > 0 else None
+
     def prompt_tokens(self) -> float | None:
         req = sum(s.requests for s in self.sums.values())
         return sum(s.prompt for s in self.sums.values()) / req if req > 0 else None
@@ -243,8 +251,11 @@ class TenantEstimator:
 
 
 def replica_views(
-    est: ReplicaEstimator, mix: dict[str, dict[str, float]], prompt_tokens: float | None = None
+    est: ReplicaEstimator, mix: dict[str, dict[str, float]], prompt_tokens: float | None = None,
+    prefill_ratio: float | None = None,
 ) -> list[ReplicaView]:
+    """Decision inputs per replica; `prefill_ratio` (from finished requests, see
+    TenantEstimator.prefill_ratio) wins over each replica's interval estimate."""
     views = []
     for r in est.replicas.values():
         views.append(
@@ -252,7 +263,8 @@ def replica_views(
                 name=r.name, profile=r.profile, block=r.block, adaptive=r.adaptive, supports_knobs=r.supports_knobs,
                 cost=r.cost, batch=r.batch, waiting=r.waiting, context_tokens=r.context_tokens, healthy=r.healthy,
                 tokens_per_step=r.tokens_per_step, acceptance_length=r.acceptance_length, mix=mix.get(r.name, {}),
-                prefill_ratio=r.prefill_ratio, prompt_tokens=prompt_tokens or 512.0,
+                prefill_ratio=r.prefill_ratio if prefill_ratio is None else prefill_ratio,
+                prompt_tokens=prompt_tokens or 512.0,
             )
         )
     return views

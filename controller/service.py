@@ -161,7 +161,11 @@ class Controller:
 
         overrides = await load_overrides(self.store)
         paused = await is_paused(self.store)
-        decision = self.core.decide(now, overrides)
+        # The decision is pure CPU work (seconds for large fleets x many
+        # tenants): in a worker thread, so an embedding gateway's event loop
+        # keeps serving requests meanwhile. Nothing else touches the core
+        # during a tick.
+        decision = await asyncio.to_thread(self.core.decide, now, overrides)
         # The lock was renewed at the start of the tick; scraping and deciding
         # take time, so confirm leadership again before writing anything, or a
         # standby that took over meanwhile and this instance would both publish.

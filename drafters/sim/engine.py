@@ -23,10 +23,15 @@ Per ``step(now)`` (mirrors vLLM V1's scheduler, simplified):
    other profiles compute no confidences and ignore the floor (exactly what
    ``drafters.vllm_ext`` can do on real vLLM).  Accepted prefix ~ Bernoulli
    chain; emitted = accepted + 1 (bonus token).
-3. Duration = drafter time (the drafter proposes a full block for every
-   decoding request whenever the step's K > 0 -- a per-request cap of 0 does
-   not save drafter time, only verification) + verify-step roofline over
-   (decode + verified drafts + prefill chunk) tokens.
+3. Duration = drafter time + verify-step roofline over (decode + verified
+   drafts + prefill chunk) tokens.  The step's K is the profile's block, cut by
+   vLLM's batch-size->K table when configured and by ``drafters.vllm_ext`` to
+   the largest ``specgate_max_draft`` among the scheduled requests (stock if
+   any is uncapped).  Whenever that K > 0 the DSpark drafter runs its parallel
+   pass over the *full block* for every decoding request (vLLM's V2 runner
+   truncates the drafts afterwards), so a per-request cap saves verification,
+   not drafting; when K = 0 -- every scheduled request capped at 0 -- the
+   drafter's pass is skipped (vLLM's "K=0" path).
 
 Counters follow vLLM's /metrics semantics (``EngineCounters``): a "draft" is
 one request-step with >= 1 drafted token; drafted tokens include ones
@@ -386,6 +391,13 @@ class ReplicaEngine:
             self.last_step = out
             return out
         k_step = self._spec_cap(n_sched)
+        if k_step > 0:
+            # drafters.vllm_ext: the step drafts no more than the largest cap among the
+            # scheduled requests (SchedulerOutput.num_spec_tokens_to_schedule).
+            step_caps = [r.max_draft for r in decode] + [r.max_draft for r, _ in prefill]
+            if all(c is not None for c in step_caps):
+                k_step = min(k_step, max(step_caps))
+        block = self.profile.block_size  # the drafter's parallel pass always covers the whole block
 
         # ---------------- speculation (vectorised over decoding requests)
         drafted = verified = accepted = None
@@ -416,7 +428,7 @@ class ReplicaEngine:
                 scores = conf[slot_mask]
                 batch_ctx = self._mean_ctx(decode, prefill)
                 nondraft = len(decode) + sum(c for _, c in prefill)
-                dtime = cm.drafter_time_s(self.gpu, self.model, len(decode), k_step, batch_ctx)
+                dtime = cm.drafter_time_s(self.gpu, self.model, len(decode), block, batch_ctx)
                 _, thr = acc.adaptive_verification_budget(
                     scores, n_sched, nondraft, dtime,
                     lambda n: cm.step_time_array_s(self.gpu, self.model, n, n_sched, batch_ctx))
@@ -429,8 +441,8 @@ class ReplicaEngine:
 
         if k_step > 0 and decode:
             # The drafter proposes a full block for every decoding request in the batch (vLLM drafts
-            # batch-wide); per-request caps only trim what is verified.
-            draft_time = cm.drafter_time_s(self.gpu, self.model, len(decode), k_step, self._mean_ctx(decode, prefill))
+            # batch-wide); per-request caps and the step's K only trim what is verified.
+            draft_time = cm.drafter_time_s(self.gpu, self.model, len(decode), block, self._mean_ctx(decode, prefill))
 
         # ---------------- time
         n_verified = int(verified.sum()) if verified is not None else 0

@@ -133,14 +133,37 @@ def test_overrides_win(override, batch, check):
     assert p.source == "admin"
 
 
-def test_without_an_off_pool_speculation_stays_on_short():
-    """The drafter runs batch-wide on a speculative replica: k=0 would save only
-    verification, so with nowhere to route to the controller keeps a short draft."""
+def test_without_an_off_pool_knobs_switch_speculation_off():
+    """No off pool to route to: on a knob-capable replica k=0 for everyone runs
+    its steps at K=0 (drafters.vllm_ext), which skips the drafter too, so a
+    compute-bound batch turns speculation off in place; with an off pool the
+    tenant is sent there instead."""
     d = decide([replica(256, {"chat": 1.0})], tenants(chat=CHAT), {}, {}, now=0.0)
     p = d.policies["chat"]
-    assert p.enabled and cap(p) <= 4
+    assert not p.enabled and p.max_draft == 0
     d = decide(fleet(256, {"chat": 1.0}), tenants(chat=CHAT), {}, {}, now=0.0)
     assert not d.policies["chat"].enabled and d.policies["chat"].preferred_profile == "off"
+
+
+def test_one_drafting_tenant_keeps_the_drafter_running_for_the_batch():
+    """The drafter pass is shared: while one tenant on a replica drafts, the pass
+    is paid for the whole batch, so turning a second tenant off saves only its
+    verification -- the model must price that, not the K=0 saving."""
+    from controller.decision import _replica_eval
+
+    rep = replica(64, {"code": 0.5, "chat": 0.5})
+    acc = {"code": CODE, "chat": CHAT}
+    one_off = _replica_eval(rep, {"code": 16, "chat": 0, "*": 16}, acc, {}, 0.0, 16, 0.7)[1]
+    both_on = _replica_eval(rep, {"code": 16, "chat": 16, "*": 16}, acc, {}, 0.0, 16, 0.7)[1]
+    both_off = _replica_eval(rep, {"code": 0, "chat": 0, "*": 0}, acc, {}, 0.0, 0, 0.7)[1]
+    plain = _replica_eval(replica(64, {"code": 0.5, "chat": 0.5}, profile="off", block=0), {"code": 0, "chat": 0, "*": 0},
+                          acc, {}, 0.0, 0, 0.7)[1]
+    drafter = ReplicaCost.for_names("h200", "qwen3-8b").step_time_s(64, 64, 16, 1024) - \
+        ReplicaCost.for_names("h200", "qwen3-8b").step_time_s(64, 64, 0, 1024)
+    assert drafter > 0
+    assert both_off == pytest.approx(plain)  # K=0: no drafter, an off replica's step
+    assert one_off - both_off >= drafter * 0.99  # one drafter keeps the whole pass
+    assert both_on > one_off  # and the other's verification still costs
 
 
 def _run(batches, cfg, acc=CHAT, dt=1.0):
