@@ -16,9 +16,11 @@ The controller here is the production code: `controller.core.ControlCore`
 simulator's per-tick views, which carry the same counters the live controller
 scrapes from vLLM's /metrics and reads from the gateway's telemetry. It acts
 through the same levers as in production: per-request `max_draft` /
-`min_confidence` knobs, routing by `preferred_profile`, and (row
-`controller`) a restart actuator applying its fleet plan behind
-`controller.actuation.PlanGate`; `controller(knobs-only)` has no actuator.
+`min_confidence` knobs (drafters.vllm_ext: a step whose requests are all
+capped at 0 runs at K=0 and skips the drafter), routing by
+`preferred_profile`, and (row `controller`) a restart actuator applying its
+fleet plan behind `controller.actuation.PlanGate` (a restart must pay back its
+downtime); `controller(knobs-only)` has no actuator.
 
 Prints throughput, TPOT p50/p99, SLO attainment and number of policy changes,
 then the issue's target ratios. Usage:
@@ -114,7 +116,7 @@ class ControllerPolicy(BasePolicy):
         self.tpot_targets = tpot_targets
         self.cfg = cfg or DecisionConfig()
         self.actuate = actuate
-        self.gate = PlanGate()
+        self.gate = PlanGate(restart_s=RESTART_S)
         self.sim: Simulation | None = None
         self.policies: dict[str, SpeculationPolicy] = {}
         self.changes = 0
