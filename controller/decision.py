@@ -218,8 +218,8 @@ def _replica_eval(
     """(goodput tok/s, step seconds, verified tokens per step, per-tenant tau).
 
     An idle replica is evaluated as holding one request (the next arrival).
-    The drafter runs for the drafting share of the batch over the longest
-    cap in use (DSpark drafts the block in one parallel pass).
+    The drafter's pass covers the replica's whole block (DSpark drafts it in
+    one parallel pass) for the share of the batch that drafts, see below.
     """
     batch = _batch(rep)
     mix = rep.mix or {DEFAULT_TENANT: 1.0}
@@ -237,15 +237,13 @@ def _replica_eval(
     # (drafters.vllm_ext) a step whose requests are all capped at 0 runs with
     # K=0, which skips the drafter's pass -- so the pass is paid while anyone
     # on the replica drafts, and not at all once nobody does.
-    any_drafting = any(cap > 0 for _, _, _, cap, _ in rows)
     if off_pool:
         drafting = sum(w for _, w, _, cap, _ in rows if cap > 0)
-        longest = rep.block if drafting > 0 else 0
-    elif rep.supports_knobs and not any_drafting:
-        longest, drafting = 0, 0.0
+    elif rep.supports_knobs:
+        drafting = 1.0 if any(cap > 0 for _, _, _, cap, _ in rows) else 0.0
     else:
-        longest = rep.block
         drafting = 1.0 if rep.block > 0 else 0.0
+    longest = rep.block if drafting > 0 else 0
 
     def evaluate(limit: int) -> tuple[float, float, float, dict[str, float]]:
         tokens = verify = 0.0

@@ -59,6 +59,7 @@ import numpy as np
 from .. import acceptance as acc
 from .. import costmodel as cm
 from ..profiles import Profile, parse_profile
+from ..vllm_ext.knobs import step_draft_len
 
 # Histogram buckets (vLLM's, trimmed).
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
@@ -391,12 +392,9 @@ class ReplicaEngine:
             self.last_step = out
             return out
         k_step = self._spec_cap(n_sched)
-        if k_step > 0:
-            # drafters.vllm_ext: the step drafts no more than the largest cap among the
-            # scheduled requests (SchedulerOutput.num_spec_tokens_to_schedule).
-            step_caps = [r.max_draft for r in decode] + [r.max_draft for r, _ in prefill]
-            if all(c is not None for c in step_caps):
-                k_step = min(k_step, max(step_caps))
+        # drafters.vllm_ext: the step drafts no more than the largest cap among the
+        # scheduled requests (SchedulerOutput.num_spec_tokens_to_schedule).
+        k_step = step_draft_len([r.max_draft for r in decode] + [r.max_draft for r, _ in prefill], k_step)
         block = self.profile.block_size  # the drafter's parallel pass always covers the whole block
 
         # ---------------- speculation (vectorised over decoding requests)

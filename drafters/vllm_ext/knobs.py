@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 MAX_DRAFT_KEY = "specgate_max_draft"
 MIN_CONFIDENCE_KEY = "specgate_min_confidence"
@@ -101,3 +101,18 @@ def effective_draft_len(scheduled: int, knobs: RequestKnobs) -> int:
     if knobs.max_draft is None:
         return scheduled
     return min(scheduled, knobs.max_draft)
+
+
+def step_draft_len(caps: Iterable[int | None], stock_k: int) -> int:
+    """The K a step drafts with under per-request caps: the largest cap among
+    the step's requests, `stock_k` as soon as one of them is uncapped (None).
+    0 -- every request capped at 0 -- means the drafter is not run at all.
+    Shared by the plugin's scheduler hook and the simulator (drafters.sim)."""
+    if stock_k <= 0:
+        return stock_k
+    k = 0
+    for cap in caps:
+        if cap is None or cap >= stock_k:
+            return stock_k
+        k = max(k, cap)
+    return k

@@ -43,7 +43,7 @@ import logging
 from typing import Any
 
 from .guard import run_guarded
-from .knobs import STOCK, RequestKnobs, parse_knobs
+from .knobs import STOCK, RequestKnobs, parse_knobs, step_draft_len
 
 logger = logging.getLogger("specgate.vllm_ext")
 
@@ -116,29 +116,14 @@ def enforce_caps_on_output(requests: dict[str, Any], scheduler_output: Any) -> i
     return removed
 
 
-def step_draft_len(requests: dict[str, Any], scheduled_req_ids, stock_k: int) -> int:
-    """The K to draft with after this step: the largest cap among the scheduled
-    requests, or `stock_k` as soon as one of them is uncapped (or unknown)."""
-    if stock_k <= 0:
-        return stock_k
-    k = 0
-    for req_id in scheduled_req_ids:
-        request = requests.get(req_id)
-        if request is None:
-            return stock_k
-        cap = knobs_for(request).max_draft
-        if cap is None or cap >= stock_k:
-            return stock_k
-        k = max(k, cap)
-    return k
-
-
 def lower_step_draft_len(requests: dict[str, Any], scheduler_output: Any) -> int:
-    """Write `step_draft_len` into the SchedulerOutput; returns the K it holds now."""
+    """Write `knobs.step_draft_len` into the SchedulerOutput; returns the K it holds now."""
     stock = getattr(scheduler_output, "num_spec_tokens_to_schedule", 0) or 0
     if stock <= 0 or not scheduler_output.num_scheduled_tokens:
         return stock
-    k = step_draft_len(requests, scheduler_output.num_scheduled_tokens, stock)
+    # A request the scheduler does not know (cannot happen in stock vLLM) counts as uncapped.
+    caps = (knobs_for(requests[r]).max_draft if r in requests else None for r in scheduler_output.num_scheduled_tokens)
+    k = step_draft_len(caps, stock)
     if k < stock:
         scheduler_output.num_spec_tokens_to_schedule = k
     return k

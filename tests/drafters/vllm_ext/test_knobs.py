@@ -13,6 +13,7 @@ from drafters.vllm_ext.knobs import (
     RequestKnobs,
     effective_draft_len,
     parse_knobs,
+    step_draft_len,
 )
 
 
@@ -71,3 +72,11 @@ def test_gateway_policy_xargs_round_trip():
     assert parse_knobs(off.vllm_xargs()) == RequestKnobs(max_draft=0)
     tuned = SpeculationPolicy(enabled=True, max_draft=3, min_confidence=0.4)
     assert parse_knobs(tuned.vllm_xargs()) == RequestKnobs(max_draft=3, min_confidence=0.4)
+
+
+def test_step_draft_len_is_the_largest_cap_unless_someone_is_uncapped():
+    assert step_draft_len([0, 0, 0], 4) == 0  # nobody may draft: the drafter is skipped
+    assert step_draft_len([0, 2, 1], 4) == 2
+    assert step_draft_len([0, None, 1], 4) == 4
+    assert step_draft_len([0, 9], 4) == 4  # a cap above K is stock
+    assert step_draft_len([0, 0], 0) == 0  # no speculation configured
