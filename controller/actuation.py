@@ -63,6 +63,7 @@ def fleet_plan(regimes: dict[str, ReplicaRegime]) -> dict[str, dict]:
             "current_profile": r.profile,
             "recommended_profile": r.recommended_profile,
             "predicted_gain": r.recommended_gain,
+            "downtime_loss": r.downtime_loss,
             "rho": r.rho,
             "regime": r.regime,
         }
@@ -85,47 +86,89 @@ class PlanGate:
     A restart takes a replica away for `restart_s` (start-up incl. CUDA-graph
     capture) plus its drain, and per-request knobs already capture most of a
     regime's gain without one (drafters.vllm_ext skips the drafter when nobody
-    on a replica drafts). So a recommendation is acted on only when its
-    predicted gain repays the lost capacity over the time it can be expected
-    to last. How long a regime will last is unknown; the estimate used is how
-    long it has already lasted (the recommendation's stable streak, a
-    Lindy-style guess): restart once
+    on a replica drafts). What the downtime costs depends on the load: the
+    other replicas absorb the restarting one's requests, nearly for free
+    while they are memory-bound, at the price of most of its goodput once
+    they are compute-bound. The decision prices that as the regime's
+    `downtime_loss` (share of the replica's goodput the fleet loses while
+    it is away). So a
+    recommendation is acted on only when its predicted gain repays the lost
+    capacity over the time it can be expected to last. How long a regime
+    will last is unknown; the estimate used is how long it has already
+    lasted (the recommendation's stable streak, a Lindy-style guess):
+    restart once
 
-        (gain - 1) * streak_s >= payback * restart_s
+        integral over the streak of (gain - 1) dt >= payback * restart_s * max(downtime_loss, min_loss)
 
-    so a +5 % recommendation waits ~10 min, a +50 % one ~1 min -- and a
-    regime that flips every few minutes never triggers restarts. Also: at
-    least `min_gain`, one replica at a time, none restarted within
-    `min_interval_s`.
+    so at full loss a +5 % recommendation waits ~10 min, a +50 % one ~1 min,
+    and a regime that flips every few minutes never triggers restarts. The
+    charge never falls below `min_loss` of a downtime, however idle the
+    fleet: a restart made for a regime may have to be undone when the regime
+    ends, at whatever load then holds (simulated phase trace: with 0.6 the
+    fleet converted to b16 late in a c=4 phase and lost 14 % in the c=48
+    phase that followed; at 0.8 a +7 % recommendation on an idle fleet
+    waits ~6 min). Also: a mean gain over the streak of at least `min_gain`,
+    one replica at a time, none restarted within `min_interval_s`.
     """
 
     def __init__(self, restart_s: float = 30.0, payback: float = 1.0, min_gain: float = 1.05,
-                 min_interval_s: float = 120.0, min_confirm_s: float = 30.0) -> None:
+                 min_interval_s: float = 120.0, min_confirm_s: float = 30.0, min_loss: float = 0.8, grace_s: float = 15.0) -> None:
         self.restart_s = restart_s
+        self.min_loss = min_loss
         self.payback = payback
         self.min_gain = min_gain
         self.min_interval_s = min_interval_s
         self.min_confirm_s = min_confirm_s
-        self._streak: dict[str, tuple[str, float]] = {}  # replica -> (recommended profile, since)
+        self.grace_s = grace_s
+        # recommended profile -> (streak start, credit = integral of (gain - 1) dt, last seen); fleet-wide
+        self._streak: dict[str, tuple[float, float, float]] = {}
         self._last_restart: dict[str, float] = {}
 
-    def pays_back(self, gain: float, streak_s: float) -> bool:
-        return streak_s >= self.min_confirm_s and (gain - 1.0) * streak_s >= self.payback * self.restart_s
+    def pays_back(self, credit: float, streak_s: float, downtime_loss: float = 1.0) -> bool:
+        """`credit`: the predicted advantage accumulated over the streak, integral of (gain - 1) dt;
+        its mean over the streak must reach `min_gain` (a gain that hovers around the
+        margin earns less, but single ticks below it do not end the streak)."""
+        cost_s = self.payback * self.restart_s * max(downtime_loss, self.min_loss)
+        mean_ok = streak_s > 0 and credit / streak_s >= self.min_gain - 1.0
+        return streak_s >= self.min_confirm_s and credit >= cost_s and mean_ok
 
     def actions(self, regimes: dict[str, ReplicaRegime], now: float, busy: set[str] | frozenset = frozenset()) -> list[tuple[str, str]]:
-        out: list[tuple[str, str]] = []
-        for name in sorted(regimes):
-            r = regimes[name]
-            if r.recommended_profile == r.profile or r.recommended_gain < self.min_gain:
-                self._streak.pop(name, None)
-                continue
-            prof, since = self._streak.get(name, (r.recommended_profile, now))
-            if prof != r.recommended_profile:
-                since = now
-            self._streak[name] = (r.recommended_profile, since)
+        """Restarts to make now: [(replica, profile)], at most one.
+
+        The streak belongs to the recommended *profile*, fleet-wide: the plan
+        is homogeneous, so once the fleet has been told "b4-av" for S seconds,
+        the second replica's conversion continues the same regime rather than
+        starting a new wait. It accumulates credit, the predicted advantage
+        (gain - 1) per second, and survives dips shorter than `grace_s` (a
+        gain hovering around the plan's margin drops in and out of the
+        recommendation; that is noise, not a new regime). While a replica is restarting the signals are our own
+        transient (the others carry its load), so streaks neither earn nor
+        reset: the gate holds its state and acts on none.
+        """
+        if busy:
+            self._streak = {p: (since, credit, now) for p, (since, credit, _) in self._streak.items()}
+            return []
+        wanted = {
+            name: r for name, r in regimes.items()
+            if r.recommended_profile != r.profile and r.recommended_gain > 1.0
+        }
+        gains: dict[str, float] = {}
+        for r in wanted.values():
+            gains[r.recommended_profile] = max(gains.get(r.recommended_profile, 1.0), r.recommended_gain)
+        streaks: dict[str, tuple[float, float, float]] = {}
+        for p, (since, credit, seen) in self._streak.items():
+            if p in gains:
+                streaks[p] = (since, credit + (gains[p] - 1.0) * (now - seen), now)
+            elif now - seen <= self.grace_s:
+                streaks[p] = (since, credit, seen)
+        for p in gains:
+            streaks.setdefault(p, (now, 0.0, now))
+        self._streak = streaks
+        for name in sorted(wanted):
+            r = wanted[name]
+            since, credit, _ = self._streak[r.recommended_profile]
             recent = now - self._last_restart.get(name, float("-inf")) < self.min_interval_s
-            if self.pays_back(r.recommended_gain, now - since) and not recent and not busy and not out:
-                out.append((name, r.recommended_profile))
+            if not recent and self.pays_back(credit, now - since, r.downtime_loss):
                 self._last_restart[name] = now
-                self._streak.pop(name, None)
-        return out
+                return [(name, r.recommended_profile)]
+        return []

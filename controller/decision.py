@@ -21,9 +21,13 @@ stays high while the batch turns compute-bound); the regime does.
 The confidence floor follows the survey's continuous form of vLLM's
 adaptive-verification budget: admit a draft position iff its survival
 S >= theta* = G * c_m (goodput times marginal verify cost per token); near 0
-when memory-bound, large when compute-bound. A tenant with a TPOT target
-may keep a longer draft than the goodput optimum if that keeps it inside its
-target and costs the fleet at most `slo_budget` of predicted goodput.
+when memory-bound, large when compute-bound. A floor is published only when the model predicts it beats no floor (the
+engine's budget and the per-tenant cap usually subsume it). A tenant with a
+TPOT target may keep a longer draft than the goodput optimum if that keeps
+it inside its target and costs the fleet at most `slo_budget` of predicted
+goodput. A drafting policy also carries `max_batch`, the batch above which
+everyone off would win: the engine applies it at every step, so a load step
+switches drafting off before the next tick, in-flight requests included.
 
 Hysteresis (why the policy never flaps on noisy signals): a change needs a
 predicted improvement over the *current* choice above a margin that is
@@ -80,12 +84,17 @@ class DecisionConfig:
     theta_step: float = 0.05  # confidence floors are published on this grid
     theta_max: float = 0.9
     theta_min_change: float = 0.2  # re-publish a floor only when it moves this much (or k changes)
+    theta_min_gain: float = 0.01  # publish a floor only when it beats no floor by this much (predicted)
     thin_evidence_steps: float = 200.0  # below this many effective steps, margins widen
     thin_extra_margin: float = 0.05
     min_batch: float = 1.0
-    plan_margin: float = 0.05  # predicted gain per converted replica before the fleet plan recommends a restart
+    plan_margin: float = 0.02  # predicted gain per converted replica before the fleet plan recommends a profile (PlanGate decides on restarts)
     strong_ticks: int = 2  # consecutive strong ticks that bypass smoothing (and, to turn off, dwell)
     smoothing: float = 0.2  # EMA weight of the newest tick in the candidates' relative goodput
+    # Load threshold sent with each drafting policy (specgate_max_batch): the
+    # batch at which everyone off starts to beat the current choice by
+    # off_margin, rounded down to this grid. None disables it.
+    max_batch_grid: tuple[int, ...] | None = (4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 
 
 @dataclass(frozen=True)
@@ -161,6 +170,9 @@ class ReplicaRegime:
     predicted_goodput_tok_s: float
     recommended_profile: str
     recommended_gain: float
+    # Share of this replica's goodput the fleet loses while it restarts (the
+    # others absorb its requests): what a restart costs per second of downtime.
+    downtime_loss: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -539,6 +551,21 @@ def decide(
 
         # Confidence floor for the chosen cap.
         raw_theta = _choose_theta(t, chosen, reps, proposal, thetas, engine_theta, acc, fleet_a, cfg, None, off_pool) or 0.0
+        theta_star = raw_theta
+        if raw_theta > 0:
+            # theta* says which positions are worth verifying, but adaptive
+            # verification already ranks every slot by confidence and admits
+            # the best budget; a per-tenant floor on top only pays where it
+            # cuts what the engine's shared budget cannot (a low-acceptance
+            # tenant next to a high one). Elsewhere it only costs: a noisy
+            # confidence head cuts drafts that would have been accepted
+            # (simulated: -2.3 % at c=16 for a 0.2 floor that the expectation
+            # model called free). So it must beat no floor, predicted.
+            trial = {**proposal, t: chosen}
+            with_floor = fleet_goodput(trial, {**thetas, t: raw_theta}, reps, t)
+            without = fleet_goodput(trial, {**thetas, t: None}, reps, t)
+            if with_floor < without * (1 + cfg.theta_min_gain):
+                raw_theta = 0.0
         theta_ema = raw_theta if chosen != cur or prev.theta_ema is None else (
             cfg.smoothing * raw_theta + (1 - cfg.smoothing) * prev.theta_ema
         )
@@ -554,7 +581,21 @@ def decide(
                 theta = min(theta, ov.min_confidence_max)
 
         local_rho = max((rho[r.name] for r in reps), default=0.0)
-        policy = _policy(chosen, theta, reps, live, max_block)
+        # Above which batch this choice should give way to everyone off, on the
+        # tenant's replicas (sent as specgate_max_batch; the engine applies it
+        # every step, so a load step needs no tick to take effect). Pinned on
+        # means on at any load: no threshold then.
+        max_batch = None
+        if chosen > 0 and not (ov is not None and ov.mode == "on"):
+            limits = [
+                _spec_max_batch(r, {**proposal, t: chosen}, acc, thetas, fleet_a, off_pool, cfg)
+                for r in reps if r.supports_knobs and r.block > 0
+            ]
+            max_batch = min((m for m in limits if m is not None), default=None)
+        prev_mb = prev.policy.max_batch if prev.policy is not None and chosen == cur else None
+        if max_batch is not None and prev_mb is not None and 0.5 <= max_batch / prev_mb <= 2.0:
+            max_batch = prev_mb  # a grid step or two either way is noise, not news (no new policy version)
+        policy = _policy(chosen, theta, reps, live, max_block, max_batch)
         reason_bits = [why, f"rho={local_rho:.2f} ({regime_label(local_rho)})", f"a={acc[t]:.2f}", f"gain_vs_off={gain:.2f}"]
         if slo_note:
             reason_bits.append(slo_note)
@@ -574,6 +615,7 @@ def decide(
             "k": _k(chosen),
             "proposed_k": _k(best),
             "theta": theta,
+            "theta_star": theta_star or None,  # the floor's marginal-cost value, published only when it pays
             "acceptance": round(acc[t], 4),
             "evidence_steps": round(view.evidence_steps, 1),
             "gain_vs_off": round(gain, 4),
@@ -586,6 +628,7 @@ def decide(
             "predicted_tpot_ms": round(tpot_ms({**proposal, t: chosen}, {**thetas, t: theta}, t, reps), 3),
             "tpot_target_ms": view.tpot_target_ms,
             "pending": [pending_k, pending_count] if pending_k is not None else None,
+            "max_batch": max_batch,
         }
         records.append(DecisionRecord(t, now, changed, policy, policy.reason, numbers))
 
@@ -602,11 +645,81 @@ def decide(
         rec_gain = per_replica if rec_profile != rep.profile else 1.0
         measured = rep.tokens_per_step if rep.tokens_per_step else n
         r_rho = measured / knee[rep.name] if knee[rep.name] else 0.0
+        loss = _downtime_loss(live, rep.name, final_choice, acc, final_theta, fleet_a, off_pool)
         regimes[rep.name] = ReplicaRegime(
             rep.name, rep.profile, rep.batch, round(measured, 2), round(knee[rep.name], 1), round(r_rho, 3),
-            regime_label(r_rho), rep.acceptance_length, round(g, 1), rec_profile, round(rec_gain, 4),
+            regime_label(r_rho), rep.acceptance_length, round(g, 1), rec_profile, round(rec_gain, 4), round(loss, 4),
         )
     return Decision(policies, new_state, records, regimes)
+
+
+def _spec_max_batch(rep: ReplicaView, choice, acc, thetas, fleet_a, off_pool, cfg: DecisionConfig) -> int | None:
+    """The largest batch (on `cfg.max_batch_grid`) at which `choice` still holds
+    against everyone off on this replica; None if it holds on the whole grid.
+
+    Why: a load step (a burst of clients) turns a replica compute-bound
+    faster than one controller tick, and requests admitted before the tick
+    keep drafting for their whole life. The threshold travels with each
+    request (specgate_max_batch) and the engine checks it every step, so
+    drafting stops at the next step after the batch crosses it -- for
+    requests already in flight too. Keyed on off_margin, the margin at
+    which the decision itself turns speculation off; the first crossing
+    above today's batch (with prefill in the steps the goodput ratio is not
+    monotonic in the batch, and a larger margin's crossing jumps between
+    distant grid points from tick to tick).
+    """
+    grid = cfg.max_batch_grid
+    if not grid or rep.block <= 0:
+        return None
+    off = {t: 0 for t in choice}
+    # Grid points below today's batch are where the replica already runs
+    # (the decision has judged them); search upwards from there.
+    now_b = _batch(rep)
+    below = [b for b in grid if b < now_b]
+    last_ok: int | None = below[-1] if below else None
+    for b in grid[len(below):]:
+        at = replace(rep, batch=float(b), waiting=0.0)
+        on = _replica_eval(at, choice, acc, thetas, 0.0, choice.get(DEFAULT_TENANT, 0), fleet_a, off_pool)[0]
+        without = _replica_eval(at, off, acc, thetas, 0.0, 0, fleet_a, off_pool)[0]
+        if without >= on * (1 + cfg.off_margin):
+            return last_ok if last_ok is not None else b
+        last_ok = b
+    return None
+
+
+def _occupied_goodput(rep: ReplicaView, choice, acc, thetas, fleet_a, off_pool) -> float:
+    """Goodput a replica delivers now: `_replica_eval` judges an idle replica
+    as holding its next request, so scale by occupancy below one request."""
+    g = _replica_eval(rep, choice, acc, thetas, 0.0, choice.get(DEFAULT_TENANT, 0), fleet_a, off_pool)[0]
+    return g * min(1.0, max(rep.batch + max(rep.waiting, 0.0), 0.0))
+
+
+def _downtime_loss(live, name, choice, acc, thetas, fleet_a, off_pool) -> float:
+    """Share of replica `name`'s own goodput that the fleet loses while it restarts.
+
+    Its requests move to the others (in proportion to their load), which
+    then run larger batches: nearly free while they are memory-bound (a
+    bigger batch costs little step time), all of it once they are
+    compute-bound. In the replica's own units, like the fleet plan's
+    per-replica gain, so that a restart pays back when
+    `(gain - 1) x time >= downtime x loss`.
+    """
+    others = [r for r in live if r.name != name]
+    gone = next((r for r in live if r.name == name), None)
+    if gone is None or not others:
+        return 1.0
+    own = _occupied_goodput(gone, choice, acc, thetas, fleet_a, off_pool)
+    if own <= 0:
+        return 0.0
+    before = sum(_occupied_goodput(r, choice, acc, thetas, fleet_a, off_pool) for r in others)
+    moved = max(gone.batch + max(gone.waiting, 0.0), 0.0)
+    load = [max(r.batch + max(r.waiting, 0.0), 0.0) for r in others]
+    total = sum(load)
+    after = 0.0
+    for r, b in zip(others, load):
+        extra = moved * (b / total if total > 0 else 1.0 / len(others))
+        after += _occupied_goodput(replace(r, batch=r.batch + extra), choice, acc, thetas, fleet_a, off_pool)
+    return min(1.0, max(0.0, 1.0 - (after - before) / own))
 
 
 def _share(t: str, reps: list[ReplicaView]) -> float:
@@ -676,7 +789,8 @@ def _choose_theta(t, k, reps, proposal, thetas, engine_theta, acc, fleet_a, cfg,
     return theta if theta > 0 else None
 
 
-def _policy(k: int, theta: float | None, reps: list[ReplicaView], live: list[ReplicaView], max_block: int) -> SpeculationPolicy:
+def _policy(k: int, theta: float | None, reps: list[ReplicaView], live: list[ReplicaView], max_block: int,
+            max_batch: int | None = None) -> SpeculationPolicy:
     if k <= 0:
         off = any(r.block == 0 for r in live)
         return SpeculationPolicy(enabled=False, preferred_profile="off" if off else None, max_draft=0)
@@ -684,7 +798,8 @@ def _policy(k: int, theta: float | None, reps: list[ReplicaView], live: list[Rep
     fitting = [p for b, p in spec if b >= k]
     preferred = fitting[0] if fitting and len(spec) > 1 else None
     return SpeculationPolicy(
-        enabled=True, preferred_profile=preferred, max_draft=None if k >= FULL else min(k, max_block), min_confidence=theta
+        enabled=True, preferred_profile=preferred, max_draft=None if k >= FULL else min(k, max_block), min_confidence=theta,
+        max_batch=max_batch,
     )
 
 

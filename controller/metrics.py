@@ -32,6 +32,10 @@ class ControllerMetrics:
         self.policy_version = Gauge("specgate_controller_policy_version", "Last published policy version", registry=r)
         self.enabled = Gauge("specgate_controller_policy_enabled", "Speculation enabled per tenant", ["tenant"], registry=r)
         self.max_draft = Gauge("specgate_controller_policy_max_draft", "Draft cap per tenant", ["tenant"], registry=r)
+        self.max_batch = Gauge(
+            "specgate_controller_policy_max_batch", "Batch above which a tenant stops drafting (-1 = none)", ["tenant"],
+            registry=r,
+        )
         self.min_conf = Gauge(
             "specgate_controller_policy_min_confidence", "Confidence floor per tenant", ["tenant"], registry=r
         )
@@ -67,7 +71,7 @@ class ControllerMetrics:
             outcome = "hold" if not rec.changed else ("on" if p.enabled else "off")
             self.decisions.labels(outcome).inc()
         top = set(sorted(traffic, key=lambda t: -traffic[t])[: self.top_n]) | {"*"}
-        for gauge in (self.enabled, self.max_draft, self.min_conf, self.acceptance):
+        for gauge in (self.enabled, self.max_draft, self.max_batch, self.min_conf, self.acceptance):
             gauge.clear()
         for rec in decision.records:
             if rec.tenant not in top:
@@ -76,6 +80,7 @@ class ControllerMetrics:
             self.enabled.labels(rec.tenant).set(1 if p.enabled else 0)
             self.max_draft.labels(rec.tenant).set(p.max_draft if p.max_draft is not None else -1)
             self.min_conf.labels(rec.tenant).set(p.min_confidence or 0.0)
+            self.max_batch.labels(rec.tenant).set(p.max_batch if p.max_batch is not None else -1)
             self.acceptance.labels(rec.tenant).set(rec.numbers.get("acceptance") or 0.0)
         for gauge in (self.rho, self.batch, self.al, self.goodput, self.plan, self.plan_gain):
             gauge.clear()

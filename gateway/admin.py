@@ -145,6 +145,8 @@ def _pinned_policy(current: SpeculationPolicy, ov: TenantOverride) -> Speculatio
             preferred_profile=current.preferred_profile if current.enabled else None,
             max_draft=k,
             min_confidence=theta,
+            # Pinned on means on at any load; bounds alone keep the controller's load threshold.
+            max_batch=current.max_batch if current.enabled and ov.mode != "on" else None,
             reason=f"admin override: {ov.mode}",
             source="admin",
         )

@@ -3,7 +3,7 @@ what clients send and the merge with the tenant's speculation policy.
 
 Merge rule: the tenant policy is a *cap*. A client may ask for less
 speculation than its policy allows (smaller `specgate_max_draft`, higher
-`specgate_min_confidence`), never more. Policy knobs are only added for
+`specgate_min_confidence`, smaller `specgate_max_batch`), never more. Policy knobs are only added for
 replicas whose /metrics advertise the specgate extension (`specgate_ext_info`
 knobs); replicas without it get the client's `vllm_xargs` untouched and are
 steered by pool routing alone.
@@ -17,7 +17,8 @@ from typing import Any
 from .speculation_policy import SpeculationPolicy
 
 MAX_DRAFT_LIMIT = 64  # no DSpark profile drafts more than 16; 64 leaves headroom for other drafters
-KNOWN_KNOBS = ("specgate_max_draft", "specgate_min_confidence")
+MAX_BATCH_LIMIT = 1 << 16
+KNOWN_KNOBS = ("specgate_max_draft", "specgate_min_confidence", "specgate_max_batch")
 
 
 class KnobError(ValueError):
@@ -41,6 +42,11 @@ def validate_client_xargs(xargs: Any) -> dict[str, Any] | None:
                 raise KnobError(f"'{param}' must be an integer", param)
             if not 0 <= value <= MAX_DRAFT_LIMIT:
                 raise KnobError(f"'{param}' must be between 0 and {MAX_DRAFT_LIMIT}", param)
+        elif key == "specgate_max_batch":
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise KnobError(f"'{param}' must be an integer", param)
+            if not 0 <= value <= MAX_BATCH_LIMIT:
+                raise KnobError(f"'{param}' must be between 0 and {MAX_BATCH_LIMIT}", param)
         elif key == "specgate_min_confidence":
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise KnobError(f"'{param}' must be a number", param)
@@ -66,6 +72,8 @@ def merged_xargs(
     wanted = policy.vllm_xargs()
     if "min_confidence" not in replica_knobs:
         wanted.pop("specgate_min_confidence", None)
+    if "max_batch" not in replica_knobs:
+        wanted.pop("specgate_max_batch", None)
     if not wanted:
         return client
     out = dict(client) if client else {}
@@ -77,4 +85,8 @@ def merged_xargs(
     if floor is not None:
         asked = out.get("specgate_min_confidence")
         out["specgate_min_confidence"] = floor if asked is None else max(float(asked), float(floor))
+    threshold = wanted.get("specgate_max_batch")
+    if threshold is not None:
+        asked = out.get("specgate_max_batch")
+        out["specgate_max_batch"] = threshold if asked is None else min(int(asked), int(threshold))
     return out

@@ -37,13 +37,17 @@ class SpeculationPolicy(BaseModel):
     min_confidence: float | None = Field(
         default=None, ge=0.0, le=1.0, description="per-request cumulative-confidence floor"
     )
+    max_batch: int | None = Field(
+        default=None, ge=0,
+        description="draft only while the replica's step batch is at most this (the engine applies it every step)",
+    )
     reason: str = ""
     source: str = "default"  # "default" | "config" | "controller" | "admin"
 
     def behaviour(self) -> tuple:
         """What requests actually get; two policies equal here act the same
         (reason and source are bookkeeping)."""
-        return (self.enabled, self.preferred_profile, self.max_draft, self.min_confidence)
+        return (self.enabled, self.preferred_profile, self.max_draft, self.min_confidence, self.max_batch)
 
     def vllm_xargs(self) -> dict[str, int | float]:
         """The per-request knobs this policy implies for a knob-capable replica."""
@@ -55,6 +59,8 @@ class SpeculationPolicy(BaseModel):
             xargs["specgate_max_draft"] = int(self.max_draft)
         if self.min_confidence is not None:
             xargs["specgate_min_confidence"] = float(self.min_confidence)
+        if self.max_batch is not None:
+            xargs["specgate_max_batch"] = int(self.max_batch)
         return xargs
 
 

@@ -126,9 +126,12 @@ def panels() -> list[dict]:
             desc="The policy the active controller publishes; annotations carry each change and its reason.",
             w=24, h=7),
         timeseries(
-            "Draft cap (max_draft) per tenant",
-            [q(f"max by (tenant) (specgate_controller_policy_max_draft{{{T}}})", "{{tenant}}")],
-            desc="specgate_max_draft sent to replicas in vllm_xargs; 0 = no speculation; -1 = replica default.",
+            "Draft cap (max_draft) and load threshold (max_batch) per tenant",
+            [q(f"max by (tenant) (specgate_controller_policy_max_draft{{{T}}})", "{{tenant}} max_draft"),
+             q(f"max by (tenant) (specgate_controller_policy_max_batch{{{T}}})", "{{tenant}} max_batch", "B")],
+            desc="specgate_max_draft sent to replicas in vllm_xargs; 0 = no speculation; -1 = replica default. "
+                 "specgate_max_batch: the engine stops drafting the tenant's requests in steps of more requests "
+                 "(-1 = none).",
             w=8),
         timeseries(
             "Confidence floor per tenant",

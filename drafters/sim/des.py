@@ -196,7 +196,7 @@ class Simulation:
                 adm = self.policy.admit(obj, self.view)
                 name = adm.replica if adm.replica in self.engines else self.view.least_loaded()
                 er = EngineRequest(str(obj.id), obj.prompt_tokens, obj.output_tokens, obj.workload, obj.tenant,
-                                   adm.max_draft, adm.min_confidence, arrival_s=t)
+                                   adm.max_draft, adm.min_confidence, arrival_s=t, max_batch=adm.max_batch)
                 trace_of[id(er)] = obj
                 self.engines[name].add_request(er, t)
                 if not busy[name]:

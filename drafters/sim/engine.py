@@ -16,7 +16,8 @@ Per ``step(now)`` (mirrors vLLM V1's scheduler, simplified):
    the KV cache, the newest running request is preempted (recompute).
 2. Speculation for decoding requests: cap k_r = min(profile block size,
    vLLM batch-size->K table entry if configured, request's
-   ``specgate_max_draft``, remaining tokens - 1).  On adaptive-verification
+   ``specgate_max_draft`` -- 0 in a step with more requests than its
+   ``specgate_max_batch`` --, remaining tokens - 1).  On adaptive-verification
    (``-av``) profiles, confidence-head cumulative confidences are drawn, the
    draft is cut at the first position below the request's
    ``specgate_min_confidence``, and only the global top-B slots are verified;
@@ -59,7 +60,7 @@ import numpy as np
 from .. import acceptance as acc
 from .. import costmodel as cm
 from ..profiles import Profile, parse_profile
-from ..vllm_ext.knobs import step_draft_len
+from ..vllm_ext.knobs import cap_at, step_draft_len
 
 # Histogram buckets (vLLM's, trimmed).
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
@@ -150,7 +151,7 @@ class EngineRequest:
     """A request inside the simulated engine (counts only; no text)."""
 
     __slots__ = (
-        "id", "tenant", "workload", "prompt_tokens", "max_tokens", "max_draft", "min_confidence", "arrival_s",
+        "id", "tenant", "workload", "prompt_tokens", "max_tokens", "max_draft", "min_confidence", "max_batch", "arrival_s",
         "prefilled", "output", "first_token_s", "last_token_s", "finish_s", "finished", "finish_reason",
         "spec_steps", "draft_tokens", "accepted_tokens", "accept", "logit_accept", "preset", "user", "replica",
         "admitted_s", "preemptions", "_recompute", "natural_stop",
@@ -158,8 +159,9 @@ class EngineRequest:
 
     def __init__(self, id: str, prompt_tokens: int, max_tokens: int, workload: str = "chat", tenant: str = "default",
                  max_draft: int | None = None, min_confidence: float | None = None, arrival_s: float | None = None,
-                 user: Any = None, natural_stop: bool = False):
+                 user: Any = None, natural_stop: bool = False, max_batch: int | None = None):
         self.id = id
+        self.max_batch = max_batch  # specgate_max_batch: no drafting in steps with more requests
         self.natural_stop = natural_stop  # True: the model "emits EOS" at max_tokens (finish_reason stop)
         self.tenant = tenant
         self.workload = workload
@@ -359,6 +361,7 @@ class ReplicaEngine:
         # Running requests first, each with its draft slots reserved (as vLLM's scheduler does),
         # then new requests from the waiting queue.
         cap_list: list[int] = []
+        running_now = len(self.running)  # the plugin's pre-schedule trim counts the running requests
         for r in self.running:
             if budget <= 0:
                 break
@@ -367,7 +370,8 @@ class ReplicaEngine:
                 prefill.append((r, chunk))
                 budget -= chunk
             else:
-                k = k_base if r.max_draft is None else min(k_base, r.max_draft)
+                cap = cap_at(r.max_draft, r.max_batch, running_now)
+                k = k_base if cap is None else min(k_base, cap)
                 k = max(0, min(k, r.max_tokens - r.output - 1, budget - 1))
                 decode.append(r)
                 cap_list.append(k)
@@ -392,9 +396,13 @@ class ReplicaEngine:
             self.last_step = out
             return out
         k_step = self._spec_cap(n_sched)
-        # drafters.vllm_ext: the step drafts no more than the largest cap among the
-        # scheduled requests (SchedulerOutput.num_spec_tokens_to_schedule).
-        k_step = step_draft_len([r.max_draft for r in decode] + [r.max_draft for r, _ in prefill], k_step)
+        # drafters.vllm_ext's safety net: caps at the step's final batch (a request
+        # above its max_batch drafts nothing), then the step drafts no more than
+        # the largest cap among the scheduled requests
+        # (SchedulerOutput.num_spec_tokens_to_schedule).
+        caps = [cap_at(r.max_draft, r.max_batch, n_sched) for r in decode]
+        cap_list = [k if c is None else min(k, c) for k, c in zip(cap_list, caps)]
+        k_step = step_draft_len(caps + [cap_at(r.max_draft, r.max_batch, n_sched) for r, _ in prefill], k_step)
         block = self.profile.block_size  # the drafter's parallel pass always covers the whole block
 
         # ---------------- speculation (vectorised over decoding requests)

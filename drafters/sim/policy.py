@@ -60,6 +60,7 @@ class Admission:
     replica: str | None = None
     max_draft: int | None = None
     min_confidence: float | None = None
+    max_batch: int | None = None  # specgate_max_batch: no drafting in steps with more requests
 
 
 class ReplicaView:

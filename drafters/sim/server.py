@@ -15,8 +15,9 @@ Surface (what the gateway and controller use):
   Non-streaming responses carry ``usage`` and ``metrics`` directly.
   ``metrics.speculative_decoding`` (vLLM ``--per-request-spec-decode-metrics
   summary``) is present only on speculative profiles, as in vLLM.
-* ``vllm_xargs``: ``specgate_max_draft`` (int >= 0) and
-  ``specgate_min_confidence`` (float in [0, 1]) change drafting exactly as the
+* ``vllm_xargs``: ``specgate_max_draft`` (int >= 0),
+  ``specgate_min_confidence`` (float in [0, 1]) and ``specgate_max_batch``
+  (int >= 0: no drafting in steps of more requests) change drafting exactly as the
   specgate vLLM extension does (parsed by ``drafters.vllm_ext.knobs``; invalid
   values are logged and ignored; the confidence floor only on ``-av``
   profiles, the only ones with confidences -- advertised knobs follow
@@ -27,7 +28,7 @@ Surface (what the gateway and controller use):
 * ``GET /v1/models``, ``GET /health``, ``GET /load``, ``GET /metrics``
   (vLLM names and labels ``model_name``, ``engine``; dcgm-exporter GPU gauges
   from the cost model; ``specgate_ext_info{version,knobs} 1``: knobs
-  ``max_draft,min_confidence`` on ``-av`` profiles, ``max_draft`` on other
+  ``max_draft,max_batch,min_confidence`` on ``-av`` profiles, ``max_draft,max_batch`` on other
   DSpark profiles, empty on ``off``).
 * Errors are OpenAI-shaped: ``{"error": {"message", "type", "param", "code"}}``.
 
@@ -216,7 +217,8 @@ class SimReplica:
                            "verification", self.engine.profile.label)
         req = EngineRequest(f"sim-{next(self._ids)}", prompt_tokens, max_tokens, workload,
                             max_draft=knobs.max_draft, min_confidence=knobs.min_confidence,
-                            arrival_s=self.now(), user=_Stream(), natural_stop=natural_stop)
+                            arrival_s=self.now(), user=_Stream(), natural_stop=natural_stop,
+                            max_batch=knobs.max_batch)
         self.engine.add_request(req, req.arrival_s)
         self._wake.set()
         return req

@@ -1,6 +1,6 @@
 """Advertise the extension on the replica's /metrics.
 
-`specgate_ext_info{version="...",knobs="max_draft,min_confidence"} 1` tells the
+`specgate_ext_info{version="...",knobs="max_draft,max_batch,min_confidence"} 1` tells the
 gateway (gateway/vllm_metrics.py) and the controller which replicas honour which
 knobs; the gateway sends a knob only to replicas listing it, and falls back to
 pool routing elsewhere. The gauge lives in the API-server process (the one that
@@ -31,7 +31,7 @@ def advertised_knobs(method: str | None, adaptive_verification: bool) -> tuple[s
     """PURE: the knobs a replica with this speculative config honours."""
     if not method:
         return ()
-    knobs = ["max_draft"]
+    knobs = ["max_draft", "max_batch"]
     if method == "dspark" and adaptive_verification:
         knobs.append("min_confidence")
     return tuple(knobs)

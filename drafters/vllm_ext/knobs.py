@@ -20,7 +20,9 @@ from typing import Any, Iterable, Mapping
 
 MAX_DRAFT_KEY = "specgate_max_draft"
 MIN_CONFIDENCE_KEY = "specgate_min_confidence"
-KNOB_NAMES = ("max_draft", "min_confidence")
+MAX_BATCH_KEY = "specgate_max_batch"
+KNOB_NAMES = ("max_draft", "min_confidence", "max_batch")
+KEYS = (MAX_DRAFT_KEY, MIN_CONFIDENCE_KEY, MAX_BATCH_KEY)
 
 
 @dataclass(frozen=True)
@@ -29,35 +31,59 @@ class RequestKnobs:
 
     max_draft: int | None = None
     min_confidence: float | None = None
+    # Draft only while the step's batch (requests scheduled together) is at
+    # most this: the controller's per-tenant "compute-bound above B" verdict,
+    # applied by the engine at every step -- also to requests already in
+    # flight when a load step arrives, which a per-request cap set at
+    # admission cannot reach.
+    max_batch: int | None = None
     errors: tuple[str, ...] = field(default=())
 
     @property
     def is_stock(self) -> bool:
-        return self.max_draft is None and self.min_confidence is None
+        return self.max_draft is None and self.min_confidence is None and self.max_batch is None
+
+    def cap_at(self, batch: int) -> int | None:
+        """The draft cap in a step of `batch` requests (None = uncapped)."""
+        return cap_at(self.max_draft, self.max_batch, batch)
+
+
+def cap_at(max_draft: int | None, max_batch: int | None, batch: int) -> int | None:
+    """A request's draft cap in a step of `batch` requests: 0 above its
+    `max_batch`, else its `max_draft` (None = uncapped). Shared by the plugin
+    and the simulator (drafters.sim)."""
+    if max_batch is not None and batch > max_batch:
+        return 0
+    return max_draft
 
 
 STOCK = RequestKnobs()
 
 
-def _parse_max_draft(value: Any) -> tuple[int | None, str | None]:
-    if isinstance(value, bool):  # bool is an int subclass; True is not a draft length
-        return None, f"{MAX_DRAFT_KEY} must be an integer >= 0, got boolean {value!r}"
+def _parse_count(key: str, value: Any) -> tuple[int | None, str | None]:
+    """A non-negative integer (int, integral float or digit string)."""
+    if isinstance(value, bool):  # bool is an int subclass; True is not a count
+        return None, f"{key} must be an integer >= 0, got boolean {value!r}"
     if isinstance(value, int):
         parsed = value
     elif isinstance(value, float):
         if not math.isfinite(value) or not value.is_integer():
-            return None, f"{MAX_DRAFT_KEY} must be an integer >= 0, got {value!r}"
+            return None, f"{key} must be an integer >= 0, got {value!r}"
         parsed = int(value)
     elif isinstance(value, str):
         text = value.strip()
         if not text.lstrip("+").isdigit():
-            return None, f"{MAX_DRAFT_KEY} must be an integer >= 0, got {value!r}"
+            return None, f"{key} must be an integer >= 0, got {value!r}"
         parsed = int(text)
     else:
-        return None, f"{MAX_DRAFT_KEY} must be an integer >= 0, got {type(value).__name__}"
+        return None, f"{key} must be an integer >= 0, got {type(value).__name__}"
     if parsed < 0:
-        return None, f"{MAX_DRAFT_KEY} must be an integer >= 0, got {parsed}"
+        return None, f"{key} must be an integer >= 0, got {parsed}"
     return parsed, None
+
+
+def _parse_max_draft(value: Any) -> tuple[int | None, str | None]:
+    return _parse_count(MAX_DRAFT_KEY, value)
 
 
 def _parse_min_confidence(value: Any) -> tuple[float | None, str | None]:
@@ -81,10 +107,10 @@ def parse_knobs(extra_args: Mapping[str, Any] | None) -> RequestKnobs:
     """Read the specgate keys from a request's extra_args. Never raises."""
     if not extra_args or not isinstance(extra_args, Mapping):
         return STOCK
-    if MAX_DRAFT_KEY not in extra_args and MIN_CONFIDENCE_KEY not in extra_args:
+    if not any(key in extra_args for key in KEYS):
         return STOCK
     errors: list[str] = []
-    max_draft = min_confidence = None
+    max_draft = min_confidence = max_batch = None
     if MAX_DRAFT_KEY in extra_args:
         max_draft, err = _parse_max_draft(extra_args[MAX_DRAFT_KEY])
         if err:
@@ -93,14 +119,19 @@ def parse_knobs(extra_args: Mapping[str, Any] | None) -> RequestKnobs:
         min_confidence, err = _parse_min_confidence(extra_args[MIN_CONFIDENCE_KEY])
         if err:
             errors.append(err)
-    return RequestKnobs(max_draft=max_draft, min_confidence=min_confidence, errors=tuple(errors))
+    if MAX_BATCH_KEY in extra_args:
+        max_batch, err = _parse_count(MAX_BATCH_KEY, extra_args[MAX_BATCH_KEY])
+        if err:
+            errors.append(err)
+    return RequestKnobs(max_draft=max_draft, min_confidence=min_confidence, max_batch=max_batch, errors=tuple(errors))
 
 
-def effective_draft_len(scheduled: int, knobs: RequestKnobs) -> int:
-    """How many of `scheduled` draft tokens a request may keep under its cap."""
-    if knobs.max_draft is None:
+def effective_draft_len(scheduled: int, knobs: RequestKnobs, batch: int = 1) -> int:
+    """How many of `scheduled` draft tokens a request may keep under its cap in a step of `batch` requests."""
+    cap = knobs.cap_at(batch)
+    if cap is None:
         return scheduled
-    return min(scheduled, knobs.max_draft)
+    return min(scheduled, cap)
 
 
 def step_draft_len(caps: Iterable[int | None], stock_k: int) -> int:

@@ -32,6 +32,13 @@ Two hooks, both idempotent and both no-ops for requests without the keys:
    DSpark skips its query pass. That is what makes `specgate_max_draft: 0` for
    every tenant on a replica cost about what an `off` replica costs, instead of
    paying a drafter whose drafts are all thrown away.
+4. `specgate_max_batch: B` makes a request's cap 0 in any step that runs more
+   than B requests (counted as the running requests for the pre-schedule trim,
+   as the step's scheduled requests for the safety net and the step's K). The
+   controller sends it as its per-tenant "compute-bound above B" verdict, so
+   that a load step switches drafting off at the very next engine step -- for
+   requests already in flight too, which per-request caps chosen at admission
+   cannot reach.
 Lossless: verification of fewer drafts is still exact rejection sampling, so
 greedy output is unchanged.
 """
@@ -78,11 +85,12 @@ def trim_running_drafts(running: list[Any]) -> int:
     shares one read-only placeholder list.
     """
     removed = 0
+    batch = len(running)
     for request in running:
         spec = request.spec_token_ids
         if not spec:
             continue
-        cap = knobs_for(request).max_draft
+        cap = knobs_for(request).cap_at(batch)
         if cap is not None and len(spec) > cap:
             removed += len(spec) - cap
             request.spec_token_ids = list(spec[:cap])
@@ -97,11 +105,12 @@ def enforce_caps_on_output(requests: dict[str, Any], scheduler_output: Any) -> i
     """
     spec_tokens: dict[str, list[int]] = scheduler_output.scheduled_spec_decode_tokens
     removed = 0
+    batch = len(scheduler_output.num_scheduled_tokens)
     for req_id in list(spec_tokens):
         request = requests.get(req_id)
         if request is None:
             continue
-        cap = knobs_for(request).max_draft
+        cap = knobs_for(request).cap_at(batch)
         tokens = spec_tokens[req_id]
         if cap is None or len(tokens) <= cap:
             continue
@@ -122,7 +131,8 @@ def lower_step_draft_len(requests: dict[str, Any], scheduler_output: Any) -> int
     if stock <= 0 or not scheduler_output.num_scheduled_tokens:
         return stock
     # A request the scheduler does not know (cannot happen in stock vLLM) counts as uncapped.
-    caps = (knobs_for(requests[r]).max_draft if r in requests else None for r in scheduler_output.num_scheduled_tokens)
+    batch = len(scheduler_output.num_scheduled_tokens)
+    caps = (knobs_for(requests[r]).cap_at(batch) if r in requests else None for r in scheduler_output.num_scheduled_tokens)
     k = step_draft_len(caps, stock)
     if k < stock:
         scheduler_output.num_spec_tokens_to_schedule = k

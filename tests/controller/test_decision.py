@@ -77,11 +77,39 @@ def test_code_tenant_gets_longer_draft_than_chat_tenant():
 
 
 def test_confidence_floor_rises_with_load():
-    """Floors only exist on -av replicas (the confidence head runs only there)."""
+    """Floors only exist on -av replicas (the confidence head runs only there).
+    theta* = G * c_m rises with load; it is published only when it beats no
+    floor (theta_min_gain), which a lone tenant's cap already subsumes."""
     av = dict(profile="dspark-b16-av", adaptive=True)
-    lo = decide([replica(2, {"code": 1.0}, **av)], tenants(code=CODE), {}, {}, now=0.0).policies["code"]
-    hi = decide([replica(24, {"code": 1.0}, **av)], tenants(code=CODE), {}, {}, now=0.0).policies["code"]
-    assert (lo.min_confidence or 0.0) < (hi.min_confidence or 0.0)
+
+    def run(batch, cfg=DecisionConfig()):
+        d = decide([replica(batch, {"code": 1.0}, **av)], tenants(code=CODE), {}, {}, now=0.0, cfg=cfg)
+        return d.policies["code"], next(r for r in d.records if r.tenant == "code").numbers
+
+    (lo, lo_n), (hi, hi_n) = run(2), run(24)
+    assert (lo_n["theta_star"] or 0.0) < (hi_n["theta_star"] or 0.0)
+    assert lo.min_confidence is None and hi.min_confidence is None  # a floor on top of the cap gains nothing
+    always = DecisionConfig(theta_min_gain=-1.0)  # publish theta* whatever it is predicted to gain
+    assert (run(2, always)[0].min_confidence or 0.0) < (run(24, always)[0].min_confidence or 0.0)
+
+
+def test_max_batch_is_where_everyone_off_starts_to_win():
+    """The load threshold sent with a drafting policy (specgate_max_batch) lies
+    at or above today's batch, where the decision still drafts (it may retune
+    the caps there, with a threshold of their own), and well below the batch
+    at which it turns speculation off; off policies carry none."""
+    mix = {"code": 0.5, "chat": 0.5}
+    low = decide([replica(4, mix)], tenants(code=CODE, chat=CHAT), {}, {}, now=0.0)
+    mb = low.policies["code"].max_batch
+    assert mb is not None and mb >= 4
+    at = decide([replica(mb, mix)], tenants(code=CODE, chat=CHAT), {}, {}, now=0.0)
+    assert at.policies["code"].enabled and at.policies["code"].max_batch >= mb
+    high = decide([replica(4 * mb, mix)], tenants(code=CODE, chat=CHAT), {}, {}, now=0.0)
+    assert all(not p.enabled and p.max_batch is None for t, p in high.policies.items()), high.policies
+    assert decide([replica(4, mix)], tenants(code=CODE, chat=CHAT), {}, {}, now=0.0,
+                  cfg=DecisionConfig(max_batch_grid=None)).policies["code"].max_batch is None
+    pinned = decide([replica(4, mix)], tenants(code=CODE, chat=CHAT), {}, {"code": TenantOverride(mode="on")}, now=0.0)
+    assert pinned.policies["code"].max_batch is None  # pinned on = on at any load
 
 
 def test_no_knob_replicas_steer_to_off_pool():

@@ -21,6 +21,9 @@ from gateway.speculation_policy import SpeculationPolicy
         ({"specgate_min_confidence": 1.5}, "vllm_xargs.specgate_min_confidence"),
         ({"specgate_min_confidence": "high"}, "vllm_xargs.specgate_min_confidence"),
         ({"specgate_min_confidence": -0.1}, "vllm_xargs.specgate_min_confidence"),
+        ({"specgate_max_batch": -2}, "vllm_xargs.specgate_max_batch"),
+        ({"specgate_max_batch": "64"}, "vllm_xargs.specgate_max_batch"),
+        ({"specgate_max_batch": 1 << 20}, "vllm_xargs.specgate_max_batch"),
         ({"specgate_typo": 1}, "vllm_xargs.specgate_typo"),
         ("not-an-object", "vllm_xargs"),
     ],
@@ -32,7 +35,7 @@ def test_bad_client_knobs_are_rejected(xargs, param):
 
 
 def test_good_client_knobs_pass():
-    x = {"specgate_max_draft": 0, "specgate_min_confidence": 1, "other": "kept"}
+    x = {"specgate_max_draft": 0, "specgate_min_confidence": 1, "specgate_max_batch": 32, "other": "kept"}
     assert validate_client_xargs(x) is x
     assert validate_client_xargs(None) is None
 
@@ -60,3 +63,14 @@ def test_confidence_floor_only_for_replicas_that_honour_it():
     floor_only = SpeculationPolicy(min_confidence=0.5)
     client = {"x": 1}
     assert merged_xargs(client, floor_only, frozenset({"max_draft"})) is client
+
+
+def test_load_threshold_is_a_cap_too_and_only_for_replicas_that_honour_it():
+    policy = SpeculationPolicy(max_draft=4, max_batch=48)
+    three = frozenset({"max_draft", "max_batch", "min_confidence"})
+    assert merged_xargs(None, policy, three) == {"specgate_max_draft": 4, "specgate_max_batch": 48}
+    # A client may ask to stop drafting at a smaller batch, never at a larger one.
+    assert merged_xargs({"specgate_max_batch": 16}, policy, three)["specgate_max_batch"] == 16
+    assert merged_xargs({"specgate_max_batch": 512}, policy, three)["specgate_max_batch"] == 48
+    # An older extension (no max_batch knob) is not sent one.
+    assert merged_xargs(None, policy, BOTH) == {"specgate_max_draft": 4}

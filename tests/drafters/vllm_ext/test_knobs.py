@@ -7,6 +7,7 @@ import math
 import pytest
 
 from drafters.vllm_ext.knobs import (
+    MAX_BATCH_KEY,
     MAX_DRAFT_KEY,
     MIN_CONFIDENCE_KEY,
     STOCK,
@@ -64,14 +65,25 @@ def test_effective_draft_len():
     assert effective_draft_len(1, RequestKnobs(max_draft=2)) == 1  # a cap never adds drafts
 
 
+def test_max_batch_switches_drafting_off_above_the_threshold():
+    knobs = parse_knobs({MAX_BATCH_KEY: 32, MAX_DRAFT_KEY: 3})
+    assert knobs.max_batch == 32 and not knobs.is_stock
+    assert knobs.cap_at(32) == 3 and knobs.cap_at(33) == 0
+    assert parse_knobs({MAX_BATCH_KEY: "16"}).cap_at(8) is None  # uncapped below the threshold
+    assert effective_draft_len(4, parse_knobs({MAX_BATCH_KEY: 16}), batch=17) == 0
+    assert step_draft_len([k.cap_at(40) for k in (knobs, knobs)], 8) == 0
+    bad = parse_knobs({MAX_BATCH_KEY: -1, MAX_DRAFT_KEY: 2})
+    assert bad.max_batch is None and bad.max_draft == 2 and MAX_BATCH_KEY in bad.errors[0]
+
+
 def test_gateway_policy_xargs_round_trip():
     """What the gateway sends (SpeculationPolicy.vllm_xargs) is what the plugin reads."""
     from gateway.speculation_policy import SpeculationPolicy
 
     off = SpeculationPolicy(enabled=False)
     assert parse_knobs(off.vllm_xargs()) == RequestKnobs(max_draft=0)
-    tuned = SpeculationPolicy(enabled=True, max_draft=3, min_confidence=0.4)
-    assert parse_knobs(tuned.vllm_xargs()) == RequestKnobs(max_draft=3, min_confidence=0.4)
+    tuned = SpeculationPolicy(enabled=True, max_draft=3, min_confidence=0.4, max_batch=48)
+    assert parse_knobs(tuned.vllm_xargs()) == RequestKnobs(max_draft=3, min_confidence=0.4, max_batch=48)
 
 
 def test_step_draft_len_is_the_largest_cap_unless_someone_is_uncapped():

@@ -88,11 +88,11 @@ def make_scheduler(async_scheduling: bool):
     )
 
 
-def make_request(req_id: str, xargs: dict | None, prompt_len: int = 20):
+def make_request(req_id: str, xargs: dict | None, prompt_len: int = 20, max_tokens: int = MAX_TOKENS):
     from vllm.sampling_params import SamplingParams
     from vllm.v1.request import Request
 
-    params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True, extra_args=xargs)
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True, extra_args=xargs)
     return Request(request_id=req_id, prompt_token_ids=list(range(3, 3 + prompt_len)),
                    sampling_params=params, pooling_params=None)  # fmt: skip
 
@@ -233,6 +233,23 @@ def test_step_drafts_no_more_than_the_largest_cap_in_the_batch(async_scheduling)
     assert any("u" in ids for ids, _ in rec.step_k) and any("u" not in ids and k == 2 for ids, k in rec.step_k)
     # Lowering K never costs a request drafts it may verify.
     assert max(rec.drafts["c2"]) == 2 and max(rec.drafts["c1"]) == 1 and max(rec.drafts["u"]) == K
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+def test_requests_stop_drafting_while_the_batch_is_above_their_max_batch(async_scheduling):
+    """`specgate_max_batch: 2` on every request: while three run together nobody
+    drafts and the step runs at K=0 (drafter skipped); once one finishes, the
+    two left draft again -- requests already in flight follow the load."""
+    scheduler = make_scheduler(async_scheduling)
+    short = make_request("short", {"specgate_max_batch": 2}, max_tokens=6)
+    reqs = [short] + [make_request(f"b{i}", {"specgate_max_batch": 2}) for i in range(2)]
+    rec = run(scheduler, reqs, async_scheduling=async_scheduling)
+    three = [k for ids, k in rec.step_k if len(ids) == 3]
+    two = [k for ids, k in rec.step_k if len(ids) == 2]
+    assert three and all(k == 0 for k in three), rec.step_k
+    assert two and max(two) == K, rec.step_k
+    assert max(rec.drafts["b0"]) == K  # drafting resumed below the threshold
+    assert rec.stats_draft_tokens == rec.verified_draft_tokens > 0
 
 
 def test_install_is_idempotent():

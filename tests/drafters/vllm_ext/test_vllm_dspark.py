@@ -159,4 +159,4 @@ def test_min_confidence_without_adaptive_verification_is_ignored_with_a_warning(
     from gateway.vllm_metrics import parse_vllm_metrics
 
     snap = parse_vllm_metrics(httpx.get(dspark_server.url + "/metrics", timeout=10).text)
-    assert snap.ext_knobs == {"max_draft"}
+    assert snap.ext_knobs == {"max_draft", "max_batch"}
