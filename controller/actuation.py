@@ -91,9 +91,8 @@ class PlanGate:
     while they are memory-bound, at the price of most of its goodput once
     they are compute-bound. The decision prices that as the regime's
     `downtime_loss` (share of the replica's goodput the fleet loses while
-    it is away). So a
-    recommendation is acted on only when its predicted gain repays the lost
-    capacity over the time it can be expected to last. How long a regime
+    it is away). So a recommendation is acted on only when its predicted
+    gain repays the lost capacity over the time it can be expected to last. How long a regime
     will last is unknown; the estimate used is how long it has already
     lasted (the recommendation's stable streak, a Lindy-style guess):
     restart once
@@ -141,9 +140,10 @@ class PlanGate:
         starting a new wait. It accumulates credit, the predicted advantage
         (gain - 1) per second, and survives dips shorter than `grace_s` (a
         gain hovering around the plan's margin drops in and out of the
-        recommendation; that is noise, not a new regime). While a replica is restarting the signals are our own
-        transient (the others carry its load), so streaks neither earn nor
-        reset: the gate holds its state and acts on none.
+        recommendation; that is noise, not a new regime). While a replica is
+        restarting the signals are our own transient (the others carry its
+        load), so streaks neither earn nor reset: the gate holds its state
+        and acts on none.
         """
         if busy:
             self._streak = {p: (since, credit, now) for p, (since, credit, _) in self._streak.items()}

@@ -199,11 +199,17 @@ def regime_label(rho: float) -> str:
     return "compute-bound"
 
 
+def _load(rep: ReplicaView) -> float:
+    """Requests on the replica: running plus waiting. A queue is the batch of
+    the next seconds (a load step shows up there first, while its prompts are
+    still being prefilled), so the regime is judged on it."""
+    return max(rep.batch + max(rep.waiting, 0.0), 0.0)
+
+
 def _batch(rep: ReplicaView) -> float:
-    """The batch the policy will run at: running plus waiting requests. A queue
-    is the batch of the next seconds (a load step shows up there first, while
-    its prompts are still being prefilled), so the regime is judged on it."""
-    return max(rep.batch + max(rep.waiting, 0.0), 1.0)
+    """The batch the policy will run at (`_load`; an idle replica counts as
+    holding its next request)."""
+    return max(_load(rep), 1.0)
 
 
 def _effective_cap(rep: ReplicaView, k: int) -> int:
@@ -443,6 +449,7 @@ def decide(
     policies: dict[str, SpeculationPolicy] = {}
     new_state: dict[str, TenantState] = {}
     records: list[DecisionRecord] = []
+    thresholds: dict[tuple, int | None] = {}  # (replica, joint choice) -> max_batch
     for t in sorted(tenant_views):
         view = tenant_views[t]
         reps = replicas_of(t)
@@ -587,10 +594,15 @@ def decide(
         # means on at any load: no threshold then.
         max_batch = None
         if chosen > 0 and not (ov is not None and ov.mode == "on"):
-            limits = [
-                _spec_max_batch(r, {**proposal, t: chosen}, acc, thetas, fleet_a, off_pool, cfg)
-                for r in reps if r.supports_knobs and r.block > 0
-            ]
+            choice = {**proposal, t: chosen}
+            key = tuple(sorted(choice.items()))
+            limits = []
+            for r in reps:
+                if r.supports_knobs and r.block > 0:
+                    # Every tenant that holds the proposal asks the same question.
+                    if (r.name, key) not in thresholds:
+                        thresholds[(r.name, key)] = _spec_max_batch(r, choice, acc, thetas, fleet_a, off_pool, cfg)
+                    limits.append(thresholds[(r.name, key)])
             max_batch = min((m for m in limits if m is not None), default=None)
         prev_mb = prev.policy.max_batch if prev.policy is not None and chosen == cur else None
         if max_batch is not None and prev_mb is not None and 0.5 <= max_batch / prev_mb <= 2.0:
@@ -636,8 +648,15 @@ def decide(
     final_theta = {t: new_state[t].theta for t in new_state}
     regimes = {}
     plan_profile, plan_gain = _fleet_plan(live, final_choice, acc, final_theta, fleet_a, cfg)
+    final_eval = {
+        rep.name: _replica_eval(rep, final_choice, acc, final_theta, engine_theta[rep.name], final_choice[DEFAULT_TENANT], fleet_a, off_pool)
+        for rep in live
+    }
+    # Goodput each replica delivers now (`_replica_eval` judges an idle replica
+    # as holding its next request: scale by occupancy below one request).
+    occupied = {rep.name: final_eval[rep.name][0] * min(1.0, _load(rep)) for rep in live}
     for rep in live:
-        g, _, n, _ = _replica_eval(rep, final_choice, acc, final_theta, engine_theta[rep.name], final_choice[DEFAULT_TENANT], fleet_a, off_pool)
+        g, _, n, _ = final_eval[rep.name]
         # Gain per replica still to convert (converting 1 of N realises ~1/N).
         to_convert = sum(1 for r in live if r.profile != plan_profile) or 1
         per_replica = 1 + (plan_gain - 1) * len(live) / to_convert
@@ -645,7 +664,7 @@ def decide(
         rec_gain = per_replica if rec_profile != rep.profile else 1.0
         measured = rep.tokens_per_step if rep.tokens_per_step else n
         r_rho = measured / knee[rep.name] if knee[rep.name] else 0.0
-        loss = _downtime_loss(live, rep.name, final_choice, acc, final_theta, fleet_a, off_pool)
+        loss = _downtime_loss(live, rep.name, occupied, final_choice, acc, final_theta, fleet_a, off_pool)
         regimes[rep.name] = ReplicaRegime(
             rep.name, rep.profile, rep.batch, round(measured, 2), round(knee[rep.name], 1), round(r_rho, 3),
             regime_label(r_rho), rep.acceptance_length, round(g, 1), rec_profile, round(rec_gain, 4), round(loss, 4),
@@ -687,14 +706,7 @@ def _spec_max_batch(rep: ReplicaView, choice, acc, thetas, fleet_a, off_pool, cf
     return None
 
 
-def _occupied_goodput(rep: ReplicaView, choice, acc, thetas, fleet_a, off_pool) -> float:
-    """Goodput a replica delivers now: `_replica_eval` judges an idle replica
-    as holding its next request, so scale by occupancy below one request."""
-    g = _replica_eval(rep, choice, acc, thetas, 0.0, choice.get(DEFAULT_TENANT, 0), fleet_a, off_pool)[0]
-    return g * min(1.0, max(rep.batch + max(rep.waiting, 0.0), 0.0))
-
-
-def _downtime_loss(live, name, choice, acc, thetas, fleet_a, off_pool) -> float:
+def _downtime_loss(live, name, occupied, choice, acc, thetas, fleet_a, off_pool) -> float:
     """Share of replica `name`'s own goodput that the fleet loses while it restarts.
 
     Its requests move to the others (in proportion to their load), which
@@ -702,23 +714,25 @@ def _downtime_loss(live, name, choice, acc, thetas, fleet_a, off_pool) -> float:
     bigger batch costs little step time), all of it once they are
     compute-bound. In the replica's own units, like the fleet plan's
     per-replica gain, so that a restart pays back when
-    `(gain - 1) x time >= downtime x loss`.
+    `(gain - 1) x time >= downtime x loss`. `occupied`: each replica's
+    goodput now (replica -> tok/s).
     """
     others = [r for r in live if r.name != name]
     gone = next((r for r in live if r.name == name), None)
     if gone is None or not others:
         return 1.0
-    own = _occupied_goodput(gone, choice, acc, thetas, fleet_a, off_pool)
+    own = occupied[name]
     if own <= 0:
         return 0.0
-    before = sum(_occupied_goodput(r, choice, acc, thetas, fleet_a, off_pool) for r in others)
-    moved = max(gone.batch + max(gone.waiting, 0.0), 0.0)
-    load = [max(r.batch + max(r.waiting, 0.0), 0.0) for r in others]
+    before = sum(occupied[r.name] for r in others)
+    moved = _load(gone)
+    load = [_load(r) for r in others]
     total = sum(load)
     after = 0.0
     for r, b in zip(others, load):
-        extra = moved * (b / total if total > 0 else 1.0 / len(others))
-        after += _occupied_goodput(replace(r, batch=r.batch + extra), choice, acc, thetas, fleet_a, off_pool)
+        grown = replace(r, batch=r.batch + moved * (b / total if total > 0 else 1.0 / len(others)))
+        g = _replica_eval(grown, choice, acc, thetas, 0.0, choice.get(DEFAULT_TENANT, 0), fleet_a, off_pool)[0]
+        after += g * min(1.0, _load(grown))
     return min(1.0, max(0.0, 1.0 - (after - before) / own))
 
 

@@ -18,6 +18,8 @@ from .speculation_policy import SpeculationPolicy
 
 MAX_DRAFT_LIMIT = 64  # no DSpark profile drafts more than 16; 64 leaves headroom for other drafters
 MAX_BATCH_LIMIT = 1 << 16
+# Integer knobs: their upper bound; a smaller value means less speculation.
+INTEGER_KNOBS = {"specgate_max_draft": MAX_DRAFT_LIMIT, "specgate_max_batch": MAX_BATCH_LIMIT}
 KNOWN_KNOBS = ("specgate_max_draft", "specgate_min_confidence", "specgate_max_batch")
 
 
@@ -37,16 +39,11 @@ def validate_client_xargs(xargs: Any) -> dict[str, Any] | None:
         if not key.startswith("specgate_"):
             continue
         param = f"vllm_xargs.{key}"
-        if key == "specgate_max_draft":
+        if key in INTEGER_KNOBS:
             if isinstance(value, bool) or not isinstance(value, int):
                 raise KnobError(f"'{param}' must be an integer", param)
-            if not 0 <= value <= MAX_DRAFT_LIMIT:
-                raise KnobError(f"'{param}' must be between 0 and {MAX_DRAFT_LIMIT}", param)
-        elif key == "specgate_max_batch":
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise KnobError(f"'{param}' must be an integer", param)
-            if not 0 <= value <= MAX_BATCH_LIMIT:
-                raise KnobError(f"'{param}' must be between 0 and {MAX_BATCH_LIMIT}", param)
+            if not 0 <= value <= INTEGER_KNOBS[key]:
+                raise KnobError(f"'{param}' must be between 0 and {INTEGER_KNOBS[key]}", param)
         elif key == "specgate_min_confidence":
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise KnobError(f"'{param}' must be a number", param)
@@ -63,30 +60,22 @@ def merged_xargs(
     """The `vllm_xargs` to send to one replica (None = leave the field absent).
 
     `replica_knobs` is what the replica advertises in `specgate_ext_info`
-    (`max_draft`, `min_confidence`); the policy only adds knobs the replica
-    honours, so a replica without adaptive verification is never sent a
-    confidence floor it would ignore.
+    (`max_draft`, `max_batch`, `min_confidence`); the policy only adds knobs
+    the replica honours, so a replica without adaptive verification is never
+    sent a confidence floor it would ignore.
     """
     if "max_draft" not in replica_knobs:
         return client
-    wanted = policy.vllm_xargs()
-    if "min_confidence" not in replica_knobs:
-        wanted.pop("specgate_min_confidence", None)
-    if "max_batch" not in replica_knobs:
-        wanted.pop("specgate_max_batch", None)
+    wanted = {k: v for k, v in policy.vllm_xargs().items() if k.removeprefix("specgate_") in replica_knobs}
     if not wanted:
         return client
     out = dict(client) if client else {}
-    cap = wanted.get("specgate_max_draft")
-    if cap is not None:
-        asked = out.get("specgate_max_draft")
-        out["specgate_max_draft"] = cap if asked is None else min(int(asked), int(cap))
-    floor = wanted.get("specgate_min_confidence")
-    if floor is not None:
-        asked = out.get("specgate_min_confidence")
-        out["specgate_min_confidence"] = floor if asked is None else max(float(asked), float(floor))
-    threshold = wanted.get("specgate_max_batch")
-    if threshold is not None:
-        asked = out.get("specgate_max_batch")
-        out["specgate_max_batch"] = threshold if asked is None else min(int(asked), int(threshold))
+    for key, limit in wanted.items():
+        asked = out.get(key)
+        if asked is None:
+            out[key] = limit
+        elif key in INTEGER_KNOBS:  # a smaller cap / threshold is less speculation
+            out[key] = min(int(asked), int(limit))
+        else:  # specgate_min_confidence: a higher floor is less speculation
+            out[key] = max(float(asked), float(limit))
     return out

@@ -400,9 +400,9 @@ class ReplicaEngine:
         # above its max_batch drafts nothing), then the step drafts no more than
         # the largest cap among the scheduled requests
         # (SchedulerOutput.num_spec_tokens_to_schedule).
-        caps = [cap_at(r.max_draft, r.max_batch, n_sched) for r in decode]
-        cap_list = [k if c is None else min(k, c) for k, c in zip(cap_list, caps)]
-        k_step = step_draft_len(caps + [cap_at(r.max_draft, r.max_batch, n_sched) for r, _ in prefill], k_step)
+        step_caps = [cap_at(r.max_draft, r.max_batch, n_sched) for r in decode]
+        cap_list = [k if c is None else min(k, c) for k, c in zip(cap_list, step_caps)]
+        k_step = step_draft_len(step_caps + [cap_at(r.max_draft, r.max_batch, n_sched) for r, _ in prefill], k_step)
         block = self.profile.block_size  # the drafter's parallel pass always covers the whole block
 
         # ---------------- speculation (vectorised over decoding requests)

@@ -82,10 +82,6 @@ def _parse_count(key: str, value: Any) -> tuple[int | None, str | None]:
     return parsed, None
 
 
-def _parse_max_draft(value: Any) -> tuple[int | None, str | None]:
-    return _parse_count(MAX_DRAFT_KEY, value)
-
-
 def _parse_min_confidence(value: Any) -> tuple[float | None, str | None]:
     if isinstance(value, bool):
         return None, f"{MIN_CONFIDENCE_KEY} must be a number in [0, 1], got boolean {value!r}"
@@ -112,7 +108,7 @@ def parse_knobs(extra_args: Mapping[str, Any] | None) -> RequestKnobs:
     errors: list[str] = []
     max_draft = min_confidence = max_batch = None
     if MAX_DRAFT_KEY in extra_args:
-        max_draft, err = _parse_max_draft(extra_args[MAX_DRAFT_KEY])
+        max_draft, err = _parse_count(MAX_DRAFT_KEY, extra_args[MAX_DRAFT_KEY])
         if err:
             errors.append(err)
     if MIN_CONFIDENCE_KEY in extra_args:
