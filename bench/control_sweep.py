@@ -11,17 +11,24 @@ One run compares, on simulated H200 + Qwen3-8B replicas (drafters.sim):
   population and (b) a multi-tenant closed-loop trace whose concurrency and
   tenant mix change every phase.
 
-The controller here is the production code: `controller.core.ControlCore`
-(signals -> estimators -> the pure `controller.decision.decide`) fed from the
-simulator's per-tick views, which carry the same counters the live controller
-scrapes from vLLM's /metrics and reads from the gateway's telemetry. It acts
-through the same levers as in production: per-request `max_draft` /
-`min_confidence` / `max_batch` knobs (drafters.vllm_ext: a step whose
-requests are all capped at 0 -- or all above their `max_batch` -- runs at
-K=0 and skips the drafter), routing by
-`preferred_profile`, and (row `controller`) a restart actuator applying its
-fleet plan behind `controller.actuation.PlanGate` (a restart must pay back its
-downtime); `controller(knobs-only)` has no actuator.
+specgate here is the shipped code, driven by the simulator's public
+interface (`Simulation.snapshot` / `replica_views` / `submit` /
+`restart_replica`): the controller's `controller.core.ControlCore` (signals ->
+estimators -> the pure `controller.decision.decide`) fed every tick with the
+/metrics snapshot of each replica (the knobs it advertises in
+`specgate_ext_info` included) and the gateway's per-(tenant, replica)
+telemetry counters (`contract.telemetry.increments_for`); the gateway's
+routing (`gateway.routing.rank_replicas` over `gateway.replicas.ReplicaState`s,
+policies through `gateway.policy_watch.PolicyView`) and knob merge
+(`contract.knobs.merged_xargs`, parsed on the engine side by `parse_knobs`:
+a step whose requests are all capped at 0 -- or all above their
+`max_batch` -- runs at K=0 and skips the drafter); and (row `controller`) the
+controller's restart path, `controller.actuation.GatedActuator` with the
+`PlanGate` of `settings.controller.restart_gate` (a restart must pay back its
+downtime) and a restart action that restarts the simulated replica
+(`SimRestart`). `controller(knobs-only)` has no actuator. Settings come from
+the one settings tree: `--config specgate.yaml`, SPECGATE_* variables, and
+`--set controller.restart_gate.min_loss=0.6`-style overrides.
 
 Prints throughput, TPOT p50/p99, SLO attainment and number of policy changes,
 then the issue's target ratios. Usage:
@@ -34,6 +41,7 @@ then the issue's target ratios. Usage:
 from __future__ import annotations
 
 import argparse
+import asyncio
 import multiprocessing
 import os
 import sys
@@ -43,15 +51,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from controller.actuation import PlanGate  # noqa: E402
+from contract.knobs import merged_xargs  # noqa: E402
+from contract.policy import PolicySet  # noqa: E402
+from contract.settings import Settings, load_settings  # noqa: E402
+from contract.telemetry import TelemetryCounters  # noqa: E402
+from controller.actuation import GatedActuator, PlanGate  # noqa: E402
 from controller.core import ControlCore  # noqa: E402
 from controller.costs import ReplicaCost  # noqa: E402
-from controller.decision import DecisionConfig  # noqa: E402
-from drafters.sim.engine import ReplicaEngine  # noqa: E402
-from drafters.sim.policy import ReplicaView as SimReplicaView  # noqa: E402
 from drafters.sim import (  # noqa: E402
     Admission,
     BasePolicy,
@@ -62,9 +72,9 @@ from drafters.sim import (  # noqa: E402
     TenantSpec,
     vllm_batch_k_table,
 )
-from gateway.spec_telemetry import TelemetryCounters  # noqa: E402
-from gateway.speculation_policy import SpeculationPolicy  # noqa: E402
-from gateway.vllm_metrics import VllmMetricsSnapshot  # noqa: E402
+from gateway.policy_watch import PolicyView  # noqa: E402
+from gateway.replicas import ReplicaState  # noqa: E402
+from gateway.routing import RouteRequest, rank_replicas  # noqa: E402
 
 GPU, MODEL = "h200", "qwen3-8b"
 STATICS = ["off", "dspark-b4", "dspark-b4-av", "dspark-b8", "dspark-b8-av", "dspark-b16", "dspark-b16-av"]
@@ -76,120 +86,123 @@ CONTROLLERS = ("controller", "controller(knobs-only)")
 
 
 # ---------------------------------------------------------------------------
-# The controller, plugged into the simulator's policy hook
+# specgate on the simulator: the gateway's routing + knob merge, the
+# controller's ControlCore and its restart actuator
 
 
-def snapshot_from_sim(view) -> VllmMetricsSnapshot:
-    """The /metrics snapshot a live controller would parse from this replica."""
-    c = view.counters
-    speculative = view.profile_obj.speculative
-    gauges = view.gauges
-    return VllmMetricsSnapshot(
-        num_requests_running=view.running,
-        num_requests_waiting=view.waiting,
-        kv_cache_usage_perc=view.kv_usage,
-        spec_num_drafts=c["num_drafts"] if speculative else None,
-        spec_num_draft_tokens=c["num_draft_tokens"] if speculative else None,
-        spec_num_accepted_tokens=c["num_accepted_tokens"] if speculative else None,
-        spec_accepted_per_pos={i: float(v) for i, v in enumerate(view.accepted_per_pos)} if speculative else {},
-        iteration_tokens_sum=c["iteration_tokens_sum"],
-        iteration_tokens_count=c["steps"],
-        generation_tokens=c["generation_tokens"],
-        prompt_tokens=c["prompt_tokens"],
-        gpu_util=gauges.get("DCGM_FI_DEV_GPU_UTIL"),
-        tensor_active=gauges.get("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE"),
-        dram_active=gauges.get("DCGM_FI_PROF_DRAM_ACTIVE"),
-        ext_version="sim",
-        ext_knobs=frozenset({"max_draft", "min_confidence"}),
-    )
+class SimRestart:
+    """`controller.actuation.RestartAction` on the simulator: drain the replica, restart it
+    with the new launch profile, `downtime_s` until it is ready (`Simulation.restart_replica`)."""
+
+    name = "sim-restart"
+
+    def __init__(self, sim: Simulation, downtime_s: float) -> None:
+        self.sim = sim
+        self.downtime_s = downtime_s
+
+    def busy(self) -> set[str]:
+        return self.sim.restarting()
+
+    async def restart(self, replica: str, profile: str) -> None:
+        self.sim.restart_replica(replica, profile, self.downtime_s)
 
 
 class ControllerPolicy(BasePolicy):
-    """The production ControlCore behind the simulator's policy hook.
+    """specgate (gateway + controller) behind the simulator's policy hook.
 
-    Levers, as in production: per-request knobs on the replica it routes to,
-    routing by `preferred_profile` (k=0 tenants go to `off` replicas when
-    there are any), and -- with `actuate` -- a restart actuator that applies
-    the fleet plan (drain, swap the replica's launch profile, RESTART_S of
-    downtime) through `controller.actuation.PlanGate`'s hysteresis.
+    * Each tick: every replica's /metrics snapshot (`Simulation.snapshot`, with
+      the knobs the replica advertises in `specgate_ext_info`) goes to the
+      controller's `ControlCore` and to the gateway's `ReplicaState` (its load
+      gauges and `ext_knobs`), the tenants' telemetry counters to the core;
+      `decide()` -> the published policies (`gateway.policy_watch.PolicyView`);
+      with `actuate`, the decision's replica regimes go to the shipped
+      `GatedActuator` (`PlanGate` from `settings.controller.restart_gate`) whose
+      restart action restarts simulated replicas (`SimRestart`).
+    * Each request: the gateway's `rank_replicas` over the `ReplicaState`s
+      (in-flight = the replica's running + waiting, exact as the gateway's own
+      count; gauges from the last scrape; a replica draining or down for a
+      restart is out of rotation), and `merged_xargs` of the tenant's policy
+      with what the chosen replica advertises; the simulated engine parses
+      them with the lenient `parse_knobs`.
     """
 
     name = "controller"
 
-    def __init__(self, tpot_targets: dict[str, float], actuate: bool = True, cfg: DecisionConfig | None = None):
-        self.core: ControlCore | None = None
-        self.tpot_targets = tpot_targets
-        self.cfg = cfg or DecisionConfig()
+    def __init__(self, settings: Settings, tpot_targets: dict[str, float], actuate: bool = True):
+        cfg = settings.controller
+        self.settings = settings
+        self.core = ControlCore(
+            cfg.decision,
+            cost_factory=lambda name: ReplicaCost.for_names(cfg.gpu, cfg.model),
+            half_life_s=cfg.half_life_s,
+            tpot_targets=tpot_targets,
+            unhealthy_after_failures=cfg.unhealthy_after_failures,
+        )
         self.actuate = actuate
-        self.gate = PlanGate(restart_s=RESTART_S, **_gate_overrides())
+        self.actuator: GatedActuator | None = None
         self.sim: Simulation | None = None
-        self.policies: dict[str, SpeculationPolicy] = {}
+        self.policy_view = PolicyView({})
+        self.gateway: dict[str, ReplicaState] = {}
         self.changes = 0
-        self.restarts: list[tuple[float, str, str]] = []
         self.ticks = 0
         self._last: float | None = None
-        self.draining: dict[str, str] = {}  # replica -> profile it restarts into
-        self.down_until: dict[str, float] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
 
-    def _available(self, name: str, now: float) -> bool:
-        return name not in self.draining and now >= self.down_until.get(name, 0.0)
+    def attach(self, sim: Simulation) -> None:
+        self.sim = sim
+        self.gateway = {name: ReplicaState(name=name, url=f"sim://{name}", profile=rv.profile, configured_model=MODEL,
+                                           healthy=rv.available)
+                        for name, rv in sim.replica_views().items()}
+        if self.actuate:
+            self.actuator = GatedActuator(PlanGate.from_settings(self.settings.controller.restart_gate),
+                                          SimRestart(sim, RESTART_S))
+            self._loop = asyncio.new_event_loop()
 
-    def _restart_progress(self, now: float) -> None:
-        assert self.sim is not None
-        for name, profile in list(self.draining.items()):
-            old = self.sim.engines[name]
-            if old.has_work():
-                continue
-            cfg = EngineConfig(**{**old.config.__dict__, "profile": profile})
-            eng = ReplicaEngine(cfg, np.random.default_rng(old.config.seed + 7 + len(self.restarts)))
-            self.sim.engines[name] = eng
-            self.sim.view.replicas[name] = SimReplicaView(eng)
-            self.down_until[name] = now + RESTART_S
-            del self.draining[name]
+    def close(self) -> None:
+        if self._loop is not None:
+            self._loop.close()
+            self._loop = None
+
+    @property
+    def restarts(self) -> list[tuple[float, str, str]]:
+        return list(self.actuator.restarts) if self.actuator else []
 
     def tick(self, view) -> None:
-        if self.core is None:
-            first = next(iter(view.replicas.values()))
-            self.core = ControlCore(self.cfg, cost_factory=lambda name: ReplicaCost(first.gpu, first.model),
-                                    tpot_targets=self.tpot_targets)
-        if self.sim is not None:
-            self._restart_progress(view.now)
-        dt = 0.0 if self._last is None else view.now - self._last
-        self._last = view.now
-        for name, rv in view.replicas.items():
-            down = view.now < self.down_until.get(name, 0.0)
-            self.core.observe_replica(name, rv.profile, view.now, None if down else snapshot_from_sim(rv))
+        assert self.sim is not None, "attach() first (Simulation does it)"
+        now = view.now
+        dt = 0.0 if self._last is None else now - self._last
+        self._last = now
+        for name, rv in self.sim.replica_views().items():
+            snap = self.sim.snapshot(name)  # None while the replica is down: a failed scrape
+            self.core.observe_replica(name, rv.profile, now, snap)
+            st = self.gateway[name]
+            st.profile = rv.profile
+            st.observe_metrics(snap, now)
         counters = [TelemetryCounters(t, r, dict(c)) for (t, r), c in sorted(view.tenant_counters.items())]
         self.core.observe_telemetry(counters, dt)
-        decision = self.core.decide(view.now)
+        decision = self.core.decide(now)
         self.core.commit(decision)
         if self.ticks:
             self.changes += len(decision.changes)
         self.ticks += 1
-        self.policies = decision.policies
-        if self.actuate and self.sim is not None:
-            busy = set(self.draining) | {n for n, t in self.down_until.items() if view.now < t}
-            for name, profile in self.gate.actions(decision.replicas, view.now, busy):
-                self.draining[name] = profile
-                self.restarts.append((view.now, name, profile))
+        if decision.policies != self.policy_view.policies.policies:
+            self.policy_view.update(PolicySet(version=self.policy_view.policies.version + 1, policies=decision.policies))
+        if self.actuator is not None and self._loop is not None:
+            self._loop.run_until_complete(self.actuator.apply(decision.replicas, now))
 
     def admit(self, request, view) -> Admission:
-        p = self.policies.get(request.tenant) or self.policies.get("*")
-        avail = [n for n in view.replicas if self._available(n, view.now)] or list(view.replicas)
-        if p is None:
-            return Admission(replica=view.least_loaded(avail))
-        spec = [n for n in avail if view.replicas[n].profile_obj.speculative]
-        plain = [n for n in avail if n not in spec]
-        pool = (spec if p.enabled else plain) or avail
-        pick = view.least_loaded(pool)
-        best = view.least_loaded(avail)
-        if view.replicas[pick].load > 1.5 * view.replicas[best].load + 8:
-            pick = best  # preference, not exclusivity: do not pile onto one pool
-        if not view.replicas[pick].profile_obj.speculative:
-            return Admission(replica=pick)
-        if not p.enabled:
-            return Admission(replica=pick, max_draft=0)
-        return Admission(replica=pick, max_draft=p.max_draft, min_confidence=p.min_confidence, max_batch=p.max_batch)
+        policy = self.policy_view.for_tenant(request.tenant)
+        states = []
+        for name, rv in view.replicas.items():
+            st = self.gateway[name]
+            st.inflight = rv.load  # the gateway's in-flight count: requests sent there and not finished
+            st.healthy = rv.available  # a draining or restarting replica is out of rotation
+            states.append(st)
+        ranked = rank_replicas(states, RouteRequest(MODEL, request.tenant), policy)
+        if not ranked:
+            return Admission()
+        pick = ranked[0]
+        return Admission(replica=pick.name, vllm_xargs=merged_xargs(None, policy, pick.ext_knobs))
 
 
 # ---------------------------------------------------------------------------
@@ -276,9 +289,9 @@ class Result:
         return self.slo_ok / self.slo_n if self.slo_n else float("nan")
 
 
-def fleet_for(policy: str) -> tuple[list[EngineConfig], object]:
+def fleet_for(policy: str, settings: Settings) -> tuple[list[EngineConfig], BasePolicy]:
     if policy in CONTROLLERS:
-        pol = ControllerPolicy(TPOT_TARGET_MS, actuate=(policy == "controller"))
+        pol = ControllerPolicy(settings, TPOT_TARGET_MS, actuate=(policy == "controller"))
         return [EngineConfig(gpu=GPU, model=MODEL, profile=CTRL_START, name=f"r{i}", seed=i) for i in range(REPLICAS)], pol
     if policy == KTABLE:
         table_ = vllm_batch_k_table(8)
@@ -287,13 +300,15 @@ def fleet_for(policy: str) -> tuple[list[EngineConfig], object]:
     return [EngineConfig(gpu=GPU, model=MODEL, profile=policy, name=f"r{i}", seed=i) for i in range(REPLICAS)], BasePolicy()
 
 
-def run_one(policy: str, source, until_s: float, warmup_s: float, seed: int,
+def run_one(policy: str, source, until_s: float, warmup_s: float, seed: int, settings: Settings,
             phase_bounds: list[float] | None = None) -> Result:
-    cfgs, pol = fleet_for(policy)
-    sim = Simulation(cfgs, source, pol, tick_s=1.0, seed=seed)
-    if isinstance(pol, ControllerPolicy):
-        pol.sim = sim
-    rep = sim.run(until_s, warmup_s)
+    cfgs, pol = fleet_for(policy, settings)
+    sim = Simulation(cfgs, source, pol, tick_s=settings.controller.tick_s, seed=seed)
+    try:
+        rep = sim.run(until_s, warmup_s)
+    finally:
+        if isinstance(pol, ControllerPolicy):
+            pol.close()
     recs = [r for r in rep.completed if r.arrival_s >= warmup_s and r.output_tokens > 1]
     tpots = [1000 * (r.finish_s - r.first_token_s) / (r.output_tokens - 1) for r in recs]
     ok = sum(1 for r, t in zip(recs, tpots) if t <= TPOT_TARGET_MS.get(r.tenant, 50.0))
@@ -304,8 +319,7 @@ def run_one(policy: str, source, until_s: float, warmup_s: float, seed: int,
     if phase_bounds:
         edges = [0.0] + list(phase_bounds)
         for a, b in zip(edges[:-1], edges[1:]):
-            # Output tokens of requests finishing in the phase (the simulator's
-            # per-tick timeline is per engine and restarts with a swapped engine).
+            # Output tokens of requests finishing in the phase.
             res.phase_tokens.append(sum(r.output_tokens for r in rep.records if a <= r.finish_s < b))
             pr = [(r, t) for r, t in zip(recs, tpots) if a <= r.arrival_s < b]
             res.phase_tpot.append([t for _, t in pr])
@@ -313,22 +327,32 @@ def run_one(policy: str, source, until_s: float, warmup_s: float, seed: int,
     return res
 
 
-def _gate_overrides() -> dict:
-    """PlanGate knobs for experiments: SPECGATE_BENCH_GATE='min_loss=0.6,payback=1'."""
-    raw = os.environ.get("SPECGATE_BENCH_GATE", "")
-    return {k.strip(): float(v) for k, v in (kv.split("=") for kv in raw.split(",") if kv.strip())}
-
-
-def _sweep_job(job: tuple[str, int, float, float, int]) -> Result:
-    policy, c, warm, measure_s, seed = job
+def _sweep_job(job: tuple[str, int, float, float, int, Settings]) -> Result:
+    policy, c, warm, measure_s, seed, settings = job
     src = ClosedLoopSource(c, [TENANTS["code"], TENANTS["chat"]], seed=seed)
-    return run_one(policy, src, warm + measure_s, warm, seed)
+    return run_one(policy, src, warm + measure_s, warm, seed, settings)
 
 
-def _trace_job(job: tuple[str, list, int]) -> Result:
-    policy, phases, seed = job
+def _trace_job(job: tuple[str, list, int, Settings]) -> Result:
+    policy, phases, seed, settings = job
     bounds = list(np.cumsum([p.duration_s for p in phases]))
-    return run_one(policy, PhasedClosedLoop(phases, TENANTS, seed=seed), bounds[-1], 0.0, seed, bounds)
+    return run_one(policy, PhasedClosedLoop(phases, TENANTS, seed=seed), bounds[-1], 0.0, seed, settings, bounds)
+
+
+def bench_settings(config: str | None, assignments: list[str]) -> Settings:
+    """specgate's settings tree for the controller under test: `--config` YAML and
+    SPECGATE_* variables as in production, plus `--set dotted.key=value` (highest)."""
+    overrides: dict = {}
+    for item in assignments:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise SystemExit(f"--set wants dotted.key=value, got {item!r}")
+        *path, leaf = key.strip().split(".")
+        node = overrides
+        for part in path:
+            node = node.setdefault(part, {})
+        node[leaf] = yaml.safe_load(raw)
+    return load_settings(config, **overrides)
 
 
 def run_jobs(fn, jobs: list, workers: int) -> list[Result]:
@@ -360,7 +384,14 @@ def main() -> None:
                     help="sweep warm-up seconds for every policy (default 600; --quick 120)")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
                     help="simulations run in parallel processes (default: one per CPU)")
+    ap.add_argument("--config", type=str, default=None,
+                    help="specgate YAML whose controller section (decision, restart_gate, gpu/model) the controller "
+                         "runs with; SPECGATE_* variables apply as in production")
+    ap.add_argument("--set", dest="assignments", action="append", default=[], metavar="KEY=VALUE",
+                    help="settings override, highest precedence, e.g. --set controller.restart_gate.min_loss=0.6 "
+                         "(repeatable)")
     args = ap.parse_args()
+    settings = bench_settings(args.config, args.assignments)
     t_start = time.time()
     policies = STATICS + [KTABLE, *CONTROLLERS]
     concurrencies = [1, 16, 64, 256] if args.quick else [1, 4, 16, 64, 128, 256]
@@ -376,8 +407,14 @@ def main() -> None:
     static_warm = ctrl_warm = args.warm or (120.0 if args.quick else 600.0)
     print("specgate controller benchmark -- SIMULATION (drafters.sim discrete-event model; H200 + Qwen3-8B roofline)")
     print(f"fleet: {REPLICAS} replicas per policy. controller fleet starts as {REPLICAS}x {CTRL_START}; it acts by "
-          f"per-request knobs, routing (k=0 -> off pool) and, for `controller`, a restart actuator applying its "
+          f"per-request knobs, the gateway's routing tiers and, for `controller`, the gated restart actuator applying its "
           f"fleet plan ({RESTART_S:.0f} s simulated restart); `controller(knobs-only)` has no actuator.")
+    gate = settings.controller.restart_gate
+    print("controller settings: restart_gate " + ", ".join(f"{k}={v}" for k, v in gate.model_dump().items())
+          + f"; cost model {settings.controller.gpu}/{settings.controller.model}; tick {settings.controller.tick_s} s")
+    if (settings.controller.gpu, settings.controller.model) != (GPU, MODEL):
+        print(f"WARNING: the controller's cost model ({settings.controller.gpu}/{settings.controller.model}) is not the "
+              f"simulated fleet's ({GPU}/{MODEL})")
     summary: list[str] = []
 
     if not args.trace_only:
@@ -386,7 +423,7 @@ def main() -> None:
         sweep_ok = True
         vs_av: dict[int, float] = {}
         # Biggest simulations first, so that the pool's last jobs are short ones.
-        jobs = [(p, c, ctrl_warm if p in CONTROLLERS else static_warm, measure_s, args.seed)
+        jobs = [(p, c, ctrl_warm if p in CONTROLLERS else static_warm, measure_s, args.seed, settings)
                 for c in sorted(concurrencies, reverse=True) for p in policies]
         done = {(j[0], j[1]): r for j, r in zip(jobs, run_jobs(_sweep_job, jobs, args.jobs))}
         for c in concurrencies:
@@ -421,7 +458,7 @@ def main() -> None:
         print(f"\n(b) phase-changing multi-tenant trace, closed loop, {len(phases)} phases x {d:.0f} s (no warm-up):")
         for i, p in enumerate(phases):
             print(f"    phase {i + 1}: concurrency {p.concurrency:>3}, mix {p.mix}")
-        rows = run_jobs(_trace_job, [(p, phases, args.seed) for p in policies], args.jobs)
+        rows = run_jobs(_trace_job, [(p, phases, args.seed, settings) for p in policies], args.jobs)
         statics = [r for r in rows if r.policy not in CONTROLLERS]
         # Hindsight oracle: best static choice per phase (by tokens in that phase), switching for free.
         picks = [max(statics, key=lambda r: r.phase_tokens[i]) for i in range(len(phases))]

@@ -5,7 +5,8 @@ Setup (2-core machine layout; pass --gateway-cpu/--backend-cpu to change):
 * gateway pinned to one core (taskset), with everything on: bearer auth,
   Redis budgets (generous limits, still checked and settled per request),
   Prometheus metrics, OpenTelemetry spans (SDK tracer, no exporter);
-* `bench/fake_openai_backend.py` and the load generators on the other core.
+* the fake vLLM replica (`tests/support/fake_openai_backend.py`) and the load
+  generators on the other core.
 
 Measures:
 1. added latency, non-streaming, at fixed open-loop rates (default 10, 100,
@@ -250,8 +251,10 @@ def write_config(args, backend_port: int, prefix: str, upstream: str, sample_rat
                 ],
                 "redis_url": args.redis_url,
                 "redis_prefix": prefix,
-                "tracing": {"enabled": sample_ratio is not None, "exporter": "none", "sample_ratio": sample_ratio or 0.0},
-                "upstream_client": upstream,
+                "gateway": {
+                    "tracing": {"enabled": sample_ratio is not None, "exporter": "none", "sample_ratio": sample_ratio or 0.0},
+                    "upstream_client": upstream,
+                },
                 "log_level": "WARNING",
             }
         )
@@ -319,8 +322,9 @@ def main() -> None:
     configs: list[str] = []
     try:
         backend = subprocess.Popen(
-            pinned(args.backend_cpu, [sys.executable, str(ROOT / "bench" / "fake_openai_backend.py"), "--port", str(backend_port), "--spec", "--knobs"]),
+            pinned(args.backend_cpu, [sys.executable, "-m", "tests.support.fake_openai_backend", "--port", str(backend_port), "--spec", "--knobs"]),
             stdout=subprocess.DEVNULL,
+            cwd=ROOT,
         )
         wait_http(f"http://127.0.0.1:{backend_port}/health")
         direct = f"http://127.0.0.1:{backend_port}"

@@ -25,7 +25,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from drafters.calibration import evaluate_all, format_table  # noqa: E402
-from drafters.profiles import PROFILE_LABELS  # noqa: E402
+from contract.profiles import PROFILE_LABELS  # noqa: E402
 from drafters.sim import EngineConfig, TenantSpec, run_closed_loop  # noqa: E402
 
 CONCURRENCY = (1, 4, 16, 64, 128, 256)

@@ -1,26 +1,33 @@
-"""Actuation: publish per-tenant policies; hand the fleet plan to an actuator.
+"""Actuation: publish per-tenant policies; act on the fleet plan through an actuator.
 
-Policies go through `gateway.speculation_policy.publish_policies` (versioned
+Policies go through `contract.policy.publish_policies` (versioned
 document + pub/sub), and only when something material changed, so that the
 policy version counts real changes and gateways are not woken every tick.
 
 The fleet plan (which replica should run which launch profile) changes a
-replica's *launch arguments*, i.e. a restart — something only the
-deployment layer may do. So it is a recommendation behind the `Actuator`
-interface; the default `NoopActuator` only records it (admin API + metric).
-A Kubernetes/Compose actuator would implement `apply()`.
+replica's *launch arguments*, i.e. a restart. Every tick the service hands
+the decision's replica regimes to an `Actuator`; the one it runs is
+`GatedActuator`: `PlanGate` (settings `controller.restart_gate`) decides
+whether a recommended change pays back its downtime *now*, and a
+`RestartAction` carries the restart out. Restarting vLLM replicas is the
+deployment layer's job, so the shipped action, `NoopRestart`, only records
+what the gate would restart (the plan document's `restart_now` /
+`last_restart`, admin API `/admin/fleet-plan`); a Kubernetes/Compose action
+would implement `restart()`. The benchmark (bench/control_sweep.py) runs
+the same `GatedActuator` with an action that restarts simulated replicas.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict
-from typing import Protocol
+from typing import Any, Protocol
 
-from gateway.speculation_policy import PolicySet, SpeculationPolicy, load_policies, publish_policies
-from gateway.store import Store
+from contract.keys import FLEET_PLAN_KEY
+from contract.policy import PolicySet, SpeculationPolicy, load_policies, publish_policies
+from contract.settings import RestartGateSettings
+from contract.store import Store
 
 from .decision import ReplicaRegime
-from .overrides import FLEET_PLAN_KEY
 
 
 def _material(p: SpeculationPolicy) -> tuple:
@@ -39,24 +46,6 @@ async def publish_if_changed(store: Store, policies: dict[str, SpeculationPolicy
     return await publish_policies(store, policies)
 
 
-class Actuator(Protocol):
-    name: str
-
-    async def apply(self, plan: dict[str, dict]) -> None: ...
-
-
-class NoopActuator:
-    """Records the plan; changes nothing (restarting replicas is the operator's call)."""
-
-    name = "noop"
-
-    def __init__(self) -> None:
-        self.last_plan: dict[str, dict] = {}
-
-    async def apply(self, plan: dict[str, dict]) -> None:
-        self.last_plan = plan
-
-
 def fleet_plan(regimes: dict[str, ReplicaRegime]) -> dict[str, dict]:
     return {
         name: {
@@ -71,9 +60,97 @@ def fleet_plan(regimes: dict[str, ReplicaRegime]) -> dict[str, dict]:
     }
 
 
-async def store_fleet_plan(store: Store, plan: dict[str, dict], actuator: Actuator) -> None:
-    await store.set_json(FLEET_PLAN_KEY, {"actuator": actuator.name, "replicas": plan})
-    await actuator.apply(plan)
+class Actuator(Protocol):
+    """Acts on one tick's fleet plan; returns the plan document the service stores."""
+
+    name: str
+
+    async def apply(self, regimes: dict[str, ReplicaRegime], now: float, hold: bool = False) -> dict[str, Any]: ...
+
+
+class RestartAction(Protocol):
+    """Carries out the restarts `PlanGate` decides on."""
+
+    name: str
+
+    def busy(self) -> set[str]:
+        """Replicas restarting now (draining or starting): the gate holds while there are any."""
+        ...
+
+    async def restart(self, replica: str, profile: str) -> None:
+        """Drain `replica` and start it again with launch profile `profile`."""
+        ...
+
+
+class NoopRestart:
+    """The shipped action: records the restarts the gate decides; restarts nothing
+    (the controller has no hold on vLLM replicas -- the operator applies them)."""
+
+    name = "noop"
+
+    def __init__(self, keep: int = 20) -> None:
+        self.keep = keep
+        self.recorded: list[tuple[str, str]] = []
+
+    def busy(self) -> set[str]:
+        return set()
+
+    async def restart(self, replica: str, profile: str) -> None:
+        self.recorded = (self.recorded + [(replica, profile)])[-self.keep:]
+
+
+class GatedActuator:
+    """`PlanGate` in front of a `RestartAction`: the one restart path of the
+    shipped controller and of the benchmark.
+
+    `apply()` asks the gate for the restart to make now (at most one), hands
+    it to the action and returns the plan document: the per-replica plan
+    (`fleet_plan`), `restart_now` = [replica, profile] made this tick or null,
+    `restarting` = replicas the action reports busy (a recording-only action:
+    none), and `last_restart` = {replica, profile, age_s} of the most recent
+    one. `hold=True` (the controller is paused) freezes the gate: no restart,
+    streaks neither earn nor reset.
+    """
+
+    def __init__(self, gate: PlanGate, restart: RestartAction) -> None:
+        self.gate = gate
+        self.restart = restart
+        self.name = restart.name
+        self.restarts: list[tuple[float, str, str]] = []  # (now, replica, profile), everything this actuator restarted
+        self.last_plan: dict[str, Any] = {}
+
+    async def apply(self, regimes: dict[str, ReplicaRegime], now: float, hold: bool = False) -> dict[str, Any]:
+        busy = set(self.restart.busy())
+        if hold:
+            self.gate.hold(now)
+            actions: list[tuple[str, str]] = []
+        else:
+            actions = self.gate.actions(regimes, now, busy)
+        for replica, profile in actions:
+            await self.restart.restart(replica, profile)
+            self.restarts.append((now, replica, profile))
+        last = self.restarts[-1] if self.restarts else None
+        self.last_plan = {
+            "actuator": self.name,
+            "replicas": fleet_plan(regimes),
+            "restart_now": list(actions[0]) if actions else None,
+            "restarting": sorted(self.restart.busy()),
+            "last_restart": {"replica": last[1], "profile": last[2], "age_s": round(now - last[0], 3)} if last else None,
+        }
+        return self.last_plan
+
+
+def default_actuator(settings: RestartGateSettings) -> GatedActuator:
+    """What the shipped controller runs: the gate from `controller.restart_gate`, recording only."""
+    return GatedActuator(PlanGate.from_settings(settings), NoopRestart())
+
+
+async def store_fleet_plan(store: Store, regimes: dict[str, ReplicaRegime], actuator: Actuator, now: float,
+                           hold: bool = False) -> dict[str, Any]:
+    """Let the actuator act on the plan, then store its plan document (admin API)."""
+    doc = await actuator.apply(regimes, now, hold)
+    await store.set_json(FLEET_PLAN_KEY, doc)
+    return doc
 
 
 def regime_dict(r: ReplicaRegime) -> dict:
@@ -123,6 +200,14 @@ class PlanGate:
         self._streak: dict[str, tuple[float, float, float]] = {}
         self._last_restart: dict[str, float] = {}
 
+    @classmethod
+    def from_settings(cls, settings: RestartGateSettings) -> PlanGate:
+        return cls(**settings.model_dump())
+
+    def hold(self, now: float) -> None:
+        """Freeze the streaks at `now` (a restart in progress, or the controller paused)."""
+        self._streak = {p: (since, credit, now) for p, (since, credit, _) in self._streak.items()}
+
     def pays_back(self, credit: float, streak_s: float, downtime_loss: float = 1.0) -> bool:
         """`credit`: the predicted advantage accumulated over the streak, integral of (gain - 1) dt;
         its mean over the streak must reach `min_gain` (a gain that hovers around the
@@ -146,7 +231,7 @@ class PlanGate:
         and acts on none.
         """
         if busy:
-            self._streak = {p: (since, credit, now) for p, (since, credit, _) in self._streak.items()}
+            self.hold(now)
             return []
         wanted = {
             name: r for name, r in regimes.items()

@@ -11,14 +11,14 @@ from __future__ import annotations
 
 from typing import Callable
 
-from gateway.spec_telemetry import TelemetryCounters
-from gateway.speculation_policy import SpeculationPolicy
-from gateway.vllm_metrics import VllmMetricsSnapshot
+from contract.overrides import TenantOverride
+from contract.policy import SpeculationPolicy
+from contract.telemetry import TelemetryCounters
+from contract.vllm_metrics import VllmMetricsSnapshot
 
 from .costs import ReplicaCost
 from .decision import FULL, Decision, DecisionConfig, TenantState, decide
 from .estimators import ReplicaEstimator, TenantEstimator, replica_views
-from .overrides import TenantOverride
 from .signals import ReplicaDeltaTracker, TelemetryDeltaTracker
 
 
@@ -32,7 +32,7 @@ class ControlCore:
         unhealthy_after_failures: int = 3,
     ) -> None:
         self.decision_config = decision_config or DecisionConfig()
-        self.cost_factory = cost_factory or (lambda name: ReplicaCost.for_names("h200", "qwen3-8b"))
+        self.cost_factory = cost_factory or (lambda name: ReplicaCost.for_names())
         self.replicas = ReplicaEstimator()
         self._scrape_failures: dict[str, int] = {}
         self.unhealthy_after_failures = unhealthy_after_failures

@@ -16,16 +16,16 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from contract.profiles import parse_profile as _parse_label
+from contract.settings import DEFAULT_GPU, DEFAULT_MODEL
 from drafters import costmodel as cm
-from drafters import profiles
 
 
 def parse_profile(label: str | None) -> tuple[int, bool]:
-    """`dspark-b8-av` -> (8, True); `off`/None/unknown -> (0, False) (drafters.profiles labels)."""
-    try:
-        profile = profiles.parse_profile(label or "off")
-    except ValueError:
-        return 0, False
+    """`dspark-b8-av` -> (8, True); `off`/None -> (0, False). Labels were
+    validated at config load (`contract.profiles`); an unknown one raises
+    here rather than being modelled as a replica without speculation."""
+    profile = _parse_label(label or "off")
     return profile.block_size, profile.adaptive
 
 
@@ -41,7 +41,7 @@ class ReplicaCost:
     _scaled: cm.GpuSpec | None = field(default=None, repr=False)
 
     @classmethod
-    def for_names(cls, gpu: str = "h200", model: str = "qwen3-8b") -> "ReplicaCost":
+    def for_names(cls, gpu: str = DEFAULT_GPU, model: str = DEFAULT_MODEL) -> "ReplicaCost":
         return cls(cm.get_gpu(gpu), cm.get_model(model))
 
     @property

@@ -1,11 +1,13 @@
-"""Run the controller inside the gateway process (single-node use).
+"""Run a `Controller` loop as a task beside other work in one process.
 
-The embedded controller is the same `Controller` as the standalone one, on
-the gateway's own store (in-memory when no Redis is configured), so one
-process serves requests and adapts speculation. With Redis it still takes
-the leader lock, so an embedded controller and standalone ones coexist.
+Used by the single-node composition (`specgate.node`, behind `specgate up`
+and `specgate gateway --embedded-controller`): the same `Controller` as the
+standalone one, on the host's store (in-memory when no Redis is
+configured), so one process serves requests and adapts speculation. With
+Redis it still takes the leader lock, so an embedded controller and
+standalone ones coexist.
 
-    handle = start_embedded(app.state.gateway)   # in the gateway's lifespan
+    handle = ControllerTask.start(controller)   # inside a running event loop
     ...
     await handle.stop()
 """
@@ -14,16 +16,22 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import Any
 
-from .service import Controller, ControllerConfig
+from .service import Controller
 
 
 @dataclass
-class EmbeddedController:
+class ControllerTask:
     controller: Controller
     task: asyncio.Task
     _stop: asyncio.Event
+
+    @classmethod
+    def start(cls, controller: Controller) -> "ControllerTask":
+        """Start the controller loop as a task on the running event loop."""
+        stop = asyncio.Event()
+        task = asyncio.get_running_loop().create_task(controller.run(stop), name="specgate-controller")
+        return cls(controller, task, stop)
 
     async def stop(self, timeout_s: float = 5.0) -> None:
         """Stop the loop, release leadership; bounded."""
@@ -34,43 +42,3 @@ class EmbeddedController:
             self.task.cancel()
         except asyncio.CancelledError:
             pass
-
-
-def start_embedded(gateway_state: Any, config: ControllerConfig | None = None, **kwargs: Any) -> EmbeddedController:
-    """Start the controller loop as a task on the running event loop.
-
-    `gateway_state` is the gateway's `GatewayState` (uses `.settings` and
-    `.store`). The controller object is also attached to it as
-    `gateway_state.controller` so the admin API can show live state.
-    """
-    controller = Controller(gateway_state.settings, gateway_state.store, config or ControllerConfig(), **kwargs)
-    stop = asyncio.Event()
-    task = asyncio.get_running_loop().create_task(controller.run(stop), name="specgate-controller")
-    try:
-        gateway_state.controller = controller
-    except AttributeError:  # slotted state object: the admin API falls back to the store
-        pass
-    return EmbeddedController(controller, task, stop)
-
-
-def embed_in_app(app: Any, config: ControllerConfig | None = None) -> None:
-    """Wrap a gateway app's lifespan so the controller starts after the
-    gateway's store and health loops and stops before them.
-
-    Used by `specgate gateway --embedded-controller` and `specgate up`, so
-    single-node deployments and the demo run the same wiring.
-    """
-    import contextlib
-
-    gateway_lifespan = app.router.lifespan_context
-
-    @contextlib.asynccontextmanager
-    async def lifespan(a: Any):
-        async with gateway_lifespan(a) as maybe_state:
-            handle = start_embedded(a.state.gateway, config)
-            try:
-                yield maybe_state
-            finally:
-                await handle.stop()
-
-    app.router.lifespan_context = lifespan

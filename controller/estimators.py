@@ -1,4 +1,4 @@
-"""Estimators: interval samples in, smoothed state out (ReplicaView/TenantView
+"""Estimators: interval samples in, smoothed state out (ReplicaInput/TenantView
 for the decision).
 
 Two time scales on purpose:
@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from .acceptance_fit import fit_conditional_acceptance
 from .costs import ReplicaCost, parse_profile
-from .decision import ReplicaView, TenantView
+from .decision import ReplicaInput, TenantView
 from .signals import ReplicaSample, TenantSample
 
 
@@ -253,13 +253,13 @@ class TenantEstimator:
 def replica_views(
     est: ReplicaEstimator, mix: dict[str, dict[str, float]], prompt_tokens: float | None = None,
     prefill_ratio: float | None = None,
-) -> list[ReplicaView]:
+) -> list[ReplicaInput]:
     """Decision inputs per replica; `prefill_ratio` (from finished requests, see
     TenantEstimator.prefill_ratio) wins over each replica's interval estimate."""
     views = []
     for r in est.replicas.values():
         views.append(
-            ReplicaView(
+            ReplicaInput(
                 name=r.name, profile=r.profile, block=r.block, adaptive=r.adaptive, supports_knobs=r.supports_knobs,
                 cost=r.cost, batch=r.batch, waiting=r.waiting, context_tokens=r.context_tokens, healthy=r.healthy,
                 tokens_per_step=r.tokens_per_step, acceptance_length=r.acceptance_length, mix=mix.get(r.name, {}),

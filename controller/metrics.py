@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
-from gateway.speculation_policy import SpeculationPolicy
+from contract.policy import SpeculationPolicy
 
 from .decision import Decision
 

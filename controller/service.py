@@ -16,78 +16,38 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
-import socket
 import time
-import uuid
-from dataclasses import asdict, replace
 from typing import Any, Callable
 
 import httpx
-from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from gateway.config import Settings
-from gateway.spec_telemetry import read_all
-from gateway.speculation_policy import SpeculationPolicy, load_policies
-from gateway.store import Store
-
-from .actuation import Actuator, NoopActuator, fleet_plan, publish_if_changed, regime_dict, store_fleet_plan
-from .costs import ReplicaCost
-from .core import ControlCore
-from .decision import DecisionConfig
-from .decision import Decision
-from .metrics import ControllerMetrics
-from .overrides import (
+from contract.keys import (
     HISTORY_KEY,
     HISTORY_MAX,
     LAST_DECISIONS_KEY,
     LEADER_KEY,
     REPLICAS_KEY,
     STATUS_KEY,
-    is_paused,
-    load_overrides,
 )
-from .signals import merge_gpu_gauges, scrape_all, scrape_metrics
+from contract.overrides import load_overrides
+from contract.policy import load_policies
+from contract.settings import Settings
+from contract.store import Store
+from contract.telemetry import read_all
+from contract.vllm_metrics import VllmMetricsSnapshot, fetch_metrics
+
+from .actuation import Actuator, default_actuator, publish_if_changed, regime_dict, store_fleet_plan
+from .audit import is_paused
+from .core import ControlCore
+from .costs import ReplicaCost
+from .decision import Decision
+from .metrics import ControllerMetrics
+from .signals import merge_gpu_gauges, scrape_all
 
 log = logging.getLogger("specgate.controller")
 
 
-class ControllerConfig(BaseSettings):
-    """`SPECGATE_CONTROLLER_*` environment variables (CLI flags override)."""
-
-    model_config = SettingsConfigDict(env_prefix="SPECGATE_CONTROLLER_", extra="ignore")
-
-    tick_s: float = Field(default=1.0, gt=0)
-    lock_ttl_s: float | None = Field(default=None, gt=0, description="default: 3 ticks (min 1 s)")
-    instance_id: str = Field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}")
-    gpu: str = "h200"
-    model: str = "qwen3-8b"
-    scrape_timeout_s: float = Field(default=1.0, gt=0)
-    dcgm_url: str | None = Field(default=None, description="dcgm-exporter base URL whose gauges overlay every replica")
-    half_life_s: float = Field(default=300.0, gt=0)
-    top_tenants: int = Field(default=20, ge=1)
-    # Hysteresis and margins (DecisionConfig).
-    min_dwell_s: float = Field(default=30.0, ge=0)
-    confirm_ticks: int = Field(default=3, ge=1)
-    on_margin: float = Field(default=0.05, ge=0)
-    off_margin: float = Field(default=0.03, ge=0)
-    retune_margin: float = Field(default=0.05, ge=0)
-    strong_margin: float = Field(default=0.15, ge=0)
-
-    @property
-    def ttl_s(self) -> float:
-        return self.lock_ttl_s or max(1.0, 3 * self.tick_s)
-
-    def decision_config(self) -> DecisionConfig:
-        return DecisionConfig(
-            min_dwell_s=self.min_dwell_s,
-            confirm_ticks=self.confirm_ticks,
-            on_margin=self.on_margin,
-            off_margin=self.off_margin,
-            retune_margin=self.retune_margin,
-            strong_margin=self.strong_margin,
-        )
+SnapshotSource = Callable[[], "dict[str, tuple[float, VllmMetricsSnapshot | None]]"]
 
 
 class Controller:
@@ -95,22 +55,31 @@ class Controller:
         self,
         settings: Settings,
         store: Store,
-        config: ControllerConfig | None = None,
         actuator: Actuator | None = None,
         metrics: ControllerMetrics | None = None,
         on_tick: "Callable[[Decision], None] | None" = None,
+        snapshots: SnapshotSource | None = None,
     ) -> None:
+        """`snapshots`: the host process's latest /metrics scrape of every
+        replica (`gateway.replicas.Registry.snapshots` when embedded), so one
+        process scrapes each replica once; None = scrape them here.
+        `actuator`: acts on the fleet plan; default: `PlanGate` (settings
+        `controller.restart_gate`) in front of `NoopRestart`, which records
+        the restart the gate would make (`/admin/fleet-plan`) and makes none."""
         self.settings = settings
         self.store = store
-        self.config = config or ControllerConfig()
-        self.actuator = actuator or NoopActuator()
+        self.config = settings.controller
+        self.snapshots = snapshots
+        self._seen_at: dict[str, float] = {}
+        self.actuator = actuator or default_actuator(self.config.restart_gate)
         self.metrics = metrics or ControllerMetrics(top_n=self.config.top_tenants)
         self._tpot = {t.id: t.tpot_target_ms for t in settings.tenants}
         self.core = ControlCore(
-            self.config.decision_config(),
+            self.config.decision,
             cost_factory=lambda name: ReplicaCost.for_names(self.config.gpu, self.config.model),
             half_life_s=self.config.half_life_s,
             tpot_targets=self._tpot,
+            unhealthy_after_failures=self.config.unhealthy_after_failures,
         )
         self.is_leader = False
         self.last_decision: Decision | None = None
@@ -149,10 +118,11 @@ class Controller:
         self._last_tick = now
         client = self._http()
 
-        replicas = {r.name: r.url for r in self.settings.replicas}
-        scraped = await scrape_all(client, replicas, self.config.scrape_timeout_s)
-        dcgm = await scrape_metrics(client, self.config.dcgm_url, self.config.scrape_timeout_s) if self.config.dcgm_url else None
+        scraped = await self._scrape(client)
+        dcgm = await fetch_metrics(client, self.config.dcgm_url, self.config.scrape_timeout_s) if self.config.dcgm_url else None
         for rc in self.settings.replicas:
+            if rc.name not in scraped:
+                continue  # the host has not scraped it since the last tick
             at, snap = scraped[rc.name]
             if snap is None:
                 self.metrics.scrape_failures.labels(rc.name).inc()
@@ -171,13 +141,24 @@ class Controller:
         # standby that took over meanwhile and this instance would both publish.
         if not await self._lead():
             return None
-        await self._actuate(decision, paused)
+        await self._actuate(decision, paused, now)
         self.ticks += 1
         if self.on_tick is not None:
             self.on_tick(decision)
         return decision
 
-    async def _actuate(self, decision: Decision, paused: bool) -> None:
+    async def _scrape(self, client: httpx.AsyncClient) -> dict[str, tuple[float, VllmMetricsSnapshot | None]]:
+        """This tick's new scrapes: our own, or the host's that we have not seen yet."""
+        if self.snapshots is None:
+            return await scrape_all(client, {r.name: r.url for r in self.settings.replicas}, self.config.scrape_timeout_s)
+        fresh = {}
+        for name, (at, snap) in self.snapshots().items():
+            if at > self._seen_at.get(name, 0.0):
+                self._seen_at[name] = at
+                fresh[name] = (at, snap)
+        return fresh
+
+    async def _actuate(self, decision: Decision, paused: bool, now: float) -> None:
         traffic = self.core.traffic()
         self.metrics.paused.set(1 if paused else 0)
         wall = time.time()
@@ -219,7 +200,7 @@ class Controller:
             if name not in replicas:
                 replicas[name] = {"name": name, "profile": est.profile, "healthy": False}
         await self.store.set_json(REPLICAS_KEY, replicas)
-        await store_fleet_plan(self.store, fleet_plan(decision.replicas), self.actuator)
+        await store_fleet_plan(self.store, decision.replicas, self.actuator, now, hold=paused)
         await self.store.set_json(
             STATUS_KEY,
             {"leader": self.owner, "at": wall, "tick_s": self.config.tick_s, "paused": paused, "ticks": self.ticks + 1},
@@ -275,4 +256,4 @@ def _record_json(record: Any, wall: float, note: str | None = None) -> dict:
     return out
 
 
-__all__ = ["Controller", "ControllerConfig", "SpeculationPolicy", "asdict", "replace"]
+__all__ = ["Controller", "SnapshotSource"]

@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from gateway.spec_telemetry import COUNTER_FIELDS, TelemetryCounters
-from gateway.vllm_metrics import VllmMetricsSnapshot, parse_vllm_metrics
+from contract.telemetry import COUNTER_FIELDS, TelemetryCounters
+from contract.vllm_metrics import VllmMetricsSnapshot, fetch_metrics
 
 
 def counter_delta(previous: float | None, current: float | None) -> float:
@@ -155,25 +155,12 @@ class TelemetryDeltaTracker:
         return out
 
 
-async def scrape_metrics(
-    client: httpx.AsyncClient, url: str, timeout_s: float = 2.0
-) -> VllmMetricsSnapshot | None:
-    """GET `<url>/metrics` and parse it; None when unreachable or unparsable."""
-    try:
-        resp = await client.get(url.rstrip("/") + "/metrics", timeout=timeout_s)
-        if resp.status_code != 200:
-            return None
-        return parse_vllm_metrics(resp.text)
-    except (httpx.HTTPError, ValueError):
-        return None
-
-
 async def scrape_all(
     client: httpx.AsyncClient, replicas: dict[str, str], timeout_s: float = 2.0
 ) -> dict[str, tuple[float, VllmMetricsSnapshot | None]]:
     """Scrape every replica concurrently; {name: (monotonic time, snapshot | None)}."""
     names = list(replicas)
-    snaps = await asyncio.gather(*(scrape_metrics(client, replicas[n], timeout_s) for n in names))
+    snaps = await asyncio.gather(*(fetch_metrics(client, replicas[n], timeout_s) for n in names))
     now = time.monotonic()
     return {n: (now, s) for n, s in zip(names, snaps)}
 

@@ -39,8 +39,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from contract.profiles import parse_profile
+
 from . import costmodel
-from .profiles import parse_profile
 
 SUPPORTED_TYPES = ("dspark", "dflash")
 VLLM_MARKOV_HEADS = ("vanilla",)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import shlex
+from typing import Optional
 
 import typer
 
@@ -24,7 +25,9 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="print a JSON object instead of a shell line"),
     ) -> None:
         """Print the `vllm serve` command line (and environment) a profile implies."""
-        from .profiles import parse_profile, speculative_config, vllm_env, vllm_launch_args
+        from contract.profiles import parse_profile
+
+        from .profiles import speculative_config, vllm_env, vllm_launch_args
 
         try:
             prof = parse_profile(label)
@@ -44,7 +47,7 @@ def register(app: typer.Typer) -> None:
     @profile_app.command("list")
     def profile_list() -> None:
         """List the profile labels."""
-        from .profiles import PROFILE_LABELS
+        from contract.profiles import PROFILE_LABELS
 
         for label in PROFILE_LABELS:
             typer.echo(label)
@@ -76,34 +79,41 @@ def register(app: typer.Typer) -> None:
     @app.command("sim-replica")
     def sim_replica(
         profile: str = typer.Option("off", help="speculation profile (off, dspark-b4|b8|b16[-av])"),
-        gpu: str = typer.Option("h200", help="simulated GPU (h100, h200)"),
-        model: str = typer.Option("qwen3-8b", help="simulated target model (qwen3-8b, qwen3-14b)"),
+        gpu: Optional[str] = typer.Option(None, help="simulated GPU (h100, h200; default sim.gpu)"),
+        model: Optional[str] = typer.Option(None, help="simulated target model (qwen3-8b, qwen3-14b; default sim.model)"),
         host: str = typer.Option("127.0.0.1"),
         port: int = typer.Option(8000),
         served_model_name: str = typer.Option("", help="model id to serve (default: the HF id, e.g. Qwen/Qwen3-8B)"),
-        time_scale: float = typer.Option(1.0, help="wall seconds per simulated second (2 = twice as slow)"),
-        workload: str = typer.Option("chat", help="default acceptance preset for requests without a workload hint"),
-        max_num_seqs: int = typer.Option(256),
+        time_scale: Optional[float] = typer.Option(None, help="wall seconds per simulated second (2 = twice as slow; default sim.time_scale)"),
+        workload: Optional[str] = typer.Option(None, help="default acceptance preset for requests without a workload hint (sim.default_workload)"),
+        max_num_seqs: Optional[int] = typer.Option(None, help="default sim.max_num_seqs"),
         name: str = typer.Option("sim", help="replica name (DCGM Hostname label)"),
-        seed: int = typer.Option(0),
+        seed: Optional[int] = typer.Option(None, help="default sim.seed"),
+        config: Optional[str] = typer.Option(None, "--config", help="specgate YAML config; its `sim` section sets the defaults"),
         log_level: str = typer.Option("warning"),
     ) -> None:
         """Run a SIMULATED vLLM replica (no GPU; synthetic text) on HOST:PORT."""
+        from contract.profiles import parse_profile
+        from pydantic import ValidationError
+
+        from contract.settings import ConfigError, describe_error, load_settings
+
         from . import acceptance, costmodel
-        from .profiles import parse_profile
         from .sim.server import SimReplicaSettings, run_sim_replica
 
+        flags = dict(gpu=gpu, model=model, time_scale=time_scale, default_workload=workload, max_num_seqs=max_num_seqs, seed=seed)
         try:
-            parse_profile(profile)
-            costmodel.get_gpu(gpu)
-            costmodel.get_model(model)
-            acceptance.get_preset(workload)
-            if time_scale <= 0:
-                raise ValueError("--time-scale must be > 0")
-        except (ValueError, KeyError) as exc:
+            sim = load_settings(config).sim.model_dump()
+            sim.update({k: v for k, v in flags.items() if v is not None})
+            settings = SimReplicaSettings(**sim, profile=parse_profile(profile).label, name=name,
+                                          served_model_name=served_model_name or None)
+            costmodel.get_gpu(settings.gpu)
+            costmodel.get_model(settings.model)
+            acceptance.get_preset(settings.default_workload)
+        except ValidationError as exc:
+            typer.echo(describe_error(exc), err=True)
+            raise typer.Exit(2) from None
+        except (ConfigError, ValueError, KeyError) as exc:
             typer.echo(f"error: {exc}", err=True)
             raise typer.Exit(2) from None
-        settings = SimReplicaSettings(profile=profile, gpu=gpu, model=model, served_model_name=served_model_name or None,
-                                      time_scale=time_scale, default_workload=workload, max_num_seqs=max_num_seqs,
-                                      seed=seed, name=name)
         run_sim_replica(settings, host=host, port=port, log_level=log_level)

@@ -40,9 +40,12 @@ import time
 from collections import defaultdict
 from typing import Any
 
-from .config import TenantConfig
-from .spec_telemetry import RequestSpecStats, increments_for, record_increments
-from .store import Store, WindowDecision
+from contract.keys import budget_key
+from contract.settings import TenantConfig
+from contract.store import Store, WindowDecision
+from contract.telemetry import RequestSpecStats, increments_for, record_increments
+
+from .periodic import Loops, every
 
 log = logging.getLogger("specgate.gateway.accounting")
 
@@ -72,10 +75,6 @@ def estimate_tokens(body: dict[str, Any], default_max_tokens: int) -> int:
         max_tokens = default_max_tokens
     n = body.get("n") if isinstance(body.get("n"), int) and body.get("n", 1) > 0 else 1
     return chars // 4 + 1 + max_tokens * n
-
-
-def budget_key(tenant_id: str) -> str:
-    return f"budget:{tenant_id}"
 
 
 _LEASE_HIT = WindowDecision(True, 0.0, {})
@@ -143,7 +142,7 @@ class Accounting:
         self._adjust: dict[str, int] = defaultdict(int)
         self._adjust_requests: dict[str, int] = defaultdict(int)
         self._telemetry: dict[tuple[str, str], dict[str, float]] = {}
-        self._tasks: list[asyncio.Task] = []
+        self._loops = Loops()
         self._pending: list = []
         self._flush_scheduled = False
         self._batch_in_flight = False
@@ -348,19 +347,11 @@ class Accounting:
         await self.flush_budgets()
         await self.flush_telemetry()
 
-    async def _loop(self, interval: float, body) -> None:
-        while True:
-            await asyncio.sleep(interval)
-            try:
-                await body()
-            except Exception:
-                log.exception("accounting flush failed")
-
     def start(self) -> None:
-        self._tasks = [
-            asyncio.create_task(self._loop(self.flush_s, self.flush_budgets)),
-            asyncio.create_task(self._loop(self.telemetry_flush_s, self.flush_telemetry)),
-        ]
+        self._loops.start(
+            every(self.flush_s, self.flush_budgets, log, "budget flush"),
+            every(self.telemetry_flush_s, self.flush_telemetry, log, "telemetry flush"),
+        )
 
     async def stop(self) -> None:
         for t in list(self._lease_tasks):
@@ -369,13 +360,7 @@ class Accounting:
             except (asyncio.TimeoutError, asyncio.CancelledError, Exception):
                 pass
         self.expire_leases(all_=True)
-        for t in self._tasks:
-            t.cancel()
-        for t in self._tasks:
-            try:
-                await t
-            except (asyncio.CancelledError, Exception):
-                pass
+        await self._loops.stop()
         try:
             await self.flush()
         except Exception:

@@ -3,9 +3,10 @@
 `create_app(settings, store=None)` returns a FastAPI app whose two hot
 endpoints (`/v1/chat/completions`, `/v1/completions`) are dispatched as pure
 ASGI before Starlette's router and middleware stack; everything else
-(`/v1/models`, `/health`, `/metrics`, `/admin/*`) is ordinary FastAPI.
-`app.state.gateway` is the `GatewayState` other components read
-(`.settings`, `.store`, `.registry`, `.policies`).
+(`/v1/models`, `/health`, `/metrics`) is ordinary FastAPI.
+`app.state.gateway` is the `GatewayState` a host process reads
+(`.settings`, `.store`, `.registry`, `.policies`); the admin API is the
+controller's and is mounted by the composition (`specgate.node`).
 """
 
 from __future__ import annotations
@@ -15,22 +16,22 @@ import logging
 import time
 
 from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
-from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from contract.errors import error_payload, install_error_handlers
+from contract.policy import PolicySet
+from contract.settings import Settings, load_settings
+from contract.store import MemoryStore, Store, create_store
 
 from .accounting import Accounting, estimate_tokens
 from .auth import TenantDirectory
-from .config import Settings, load_settings
-from .errors import error_payload
+from .deps import RequestPathState
 from .health import HealthMonitor
 from .logs import configure_logging
 from .metrics import GatewayMetrics
 from .policy_watch import PolicyView, PolicyWatcher
 from .proxy import CompletionEndpoint
 from .replicas import Registry
-from .speculation_policy import PolicySet
-from .store import MemoryStore, Store, create_store
 from .tracing import Tracing
 from .upstream import create_upstream
 
@@ -44,10 +45,10 @@ class GatewayState:
         self.store: Store | None = store
         self.registry = Registry.from_settings(settings)
         self.tenants = TenantDirectory(settings)
-        self.metrics = GatewayMetrics(settings.metrics_top_tenants)
-        self.tracing = Tracing(settings.tracing)
+        self.metrics = GatewayMetrics(settings.gateway.metrics_top_tenants)
+        self.tracing = Tracing(settings.gateway.tracing)
         self.policy_view = PolicyView({t.id: t.speculation for t in settings.tenants if t.speculation is not None})
-        self.session_header = settings.session_header.lower().encode()
+        self.session_header = settings.gateway.session_header.lower().encode()
         self.upstream = None
         self.accounting: Accounting | None = None
         self.health: HealthMonitor | None = None
@@ -63,12 +64,12 @@ class GatewayState:
         return list(self.registry.replicas.values())
 
     def estimate_tokens(self, body: dict) -> int:
-        return estimate_tokens(body, self.settings.default_max_tokens)
+        return estimate_tokens(body, self.settings.gateway.default_max_tokens)
 
     async def start(self) -> None:
-        s = self.settings
+        s = self.settings.gateway
         if self.store is None:
-            self.store = create_store(s.redis_url, s.redis_prefix)
+            self.store = create_store(self.settings.redis_url, self.settings.redis_prefix)
         self.upstream = create_upstream(s.upstream_client, s.upstream_pool_size, s.connect_timeout_s, s.first_byte_timeout_s, s.read_timeout_s)
         # Leases save a Redis round trip; the embedded store has none to save.
         lease_fraction = 0.0 if isinstance(self.store, MemoryStore) else s.budget_lease_fraction
@@ -78,7 +79,7 @@ class GatewayState:
         self.accounting.start()
         self.watcher = PolicyWatcher(self.store, self.policy_view, s.policy_poll_s, on_change=lambda p: self.metrics.policy_version.set(p.version))
         await self.watcher.start()
-        if not s.tenants and s.allow_anonymous:
+        if not self.settings.tenants and s.allow_anonymous:
             log.warning("no tenants configured: serving every caller as tenant 'anonymous' without a key")
         self.health = HealthMonitor(self.registry, s)
         await self.health.start()
@@ -130,18 +131,13 @@ def create_app(settings: Settings | None = None, store: Store | None = None) -> 
 
     app = GatewayApp(title="specgate gateway", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.gateway = state
+    request_path: RequestPathState = state  # all the hot endpoints see of the state
     app.hot_routes = {
-        "/v1/chat/completions": CompletionEndpoint(state, "chat"),
-        "/v1/completions": CompletionEndpoint(state, "completions"),
+        "/v1/chat/completions": CompletionEndpoint(request_path, "chat"),
+        "/v1/completions": CompletionEndpoint(request_path, "completions"),
     }
 
-    @app.exception_handler(StarletteHTTPException)
-    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return _openai_error(exc.status_code, str(exc.detail))
-
-    @app.exception_handler(RequestValidationError)
-    async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-        return _openai_error(400, "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()))
+    install_error_handlers(app)
 
     @app.get("/health")
     async def health() -> JSONResponse:
@@ -174,7 +170,4 @@ def create_app(settings: Settings | None = None, store: Store | None = None) -> 
         m.policy_version.set(state.policies.version)
         return Response(m.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
-    from .admin import router as admin_router
-
-    app.include_router(admin_router)
     return app

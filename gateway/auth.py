@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
-from .config import Settings, TenantConfig
+from contract.settings import Settings, TenantConfig
 
 ANONYMOUS = TenantConfig(id="anonymous", api_key_sha256="0" * 64)
 
@@ -23,7 +23,7 @@ class AuthResult:
 class TenantDirectory:
     def __init__(self, settings: Settings) -> None:
         self._by_hash = {t.api_key_sha256: t for t in settings.tenants}
-        self._anonymous = settings.allow_anonymous and not settings.tenants
+        self._anonymous = settings.gateway.allow_anonymous and not settings.tenants
         self.by_id = {t.id: t for t in settings.tenants}
 
     def authenticate(self, authorization: bytes | None) -> AuthResult:

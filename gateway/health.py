@@ -1,5 +1,8 @@
 """Background replica checks: liveness (/health + /v1/models) with fail and
-success thresholds, and load (/metrics parsed by `vllm_metrics`).
+success thresholds, and the process's one scrape of each replica's /metrics
+(`contract.vllm_metrics`): the snapshot feeds routing (load gauges, advertised
+knobs) and, in a single-node process, the embedded controller
+(`Registry.snapshots()`), so no replica is scraped twice by one process.
 
 A replica turns unhealthy after `health_fail_threshold` consecutive failed
 checks and healthy again after `health_success_threshold` consecutive good
@@ -16,9 +19,11 @@ import time
 
 import httpx
 
-from .config import Settings
+from contract.settings import GatewaySettings as Settings
+from contract.vllm_metrics import fetch_metrics
+
+from .periodic import Loops, every
 from .replicas import Registry, ReplicaState
-from .vllm_metrics import parse_vllm_metrics
 
 log = logging.getLogger("specgate.gateway.health")
 
@@ -61,18 +66,7 @@ async def check_replica(client: httpx.AsyncClient, replica: ReplicaState, settin
 
 
 async def scrape_metrics(client: httpx.AsyncClient, replica: ReplicaState, settings: Settings) -> None:
-    try:
-        resp = await client.get(replica.url + "/metrics", timeout=settings.health_timeout_s)
-        if resp.status_code != 200:
-            return
-        snap = parse_vllm_metrics(resp.text)
-    except (httpx.HTTPError, ValueError):
-        return
-    replica.running = snap.num_requests_running
-    replica.waiting = snap.num_requests_waiting
-    replica.kv_usage = snap.kv_cache_usage_perc
-    replica.ext_knobs = snap.ext_knobs
-    replica.metrics_at = time.monotonic()
+    replica.observe_metrics(await fetch_metrics(client, replica.url, settings.health_timeout_s), time.monotonic())
 
 
 class HealthMonitor:
@@ -80,7 +74,7 @@ class HealthMonitor:
         self.registry = registry
         self.settings = settings
         self._client = httpx.AsyncClient(timeout=settings.health_timeout_s)
-        self._tasks: list[asyncio.Task] = []
+        self._loops = Loops()
 
     async def check_all(self, first: bool = False) -> None:
         replicas = list(self.registry)
@@ -89,10 +83,10 @@ class HealthMonitor:
 
     async def start(self) -> None:
         await self.check_all(first=True)
-        self._tasks = [
-            asyncio.create_task(self._loop(self.settings.health_interval_s, self._health_round)),
-            asyncio.create_task(self._loop(self.settings.metrics_interval_s, self._metrics_round)),
-        ]
+        self._loops.start(
+            every(self.settings.health_interval_s, self._health_round, log, "health round"),
+            every(self.settings.metrics_interval_s, self._metrics_round, log, "metrics round"),
+        )
 
     async def _health_round(self) -> None:
         await asyncio.gather(*(check_replica(self._client, r, self.settings) for r in list(self.registry)))
@@ -100,20 +94,6 @@ class HealthMonitor:
     async def _metrics_round(self) -> None:
         await asyncio.gather(*(scrape_metrics(self._client, r, self.settings) for r in list(self.registry)))
 
-    async def _loop(self, interval: float, body) -> None:
-        while True:
-            await asyncio.sleep(interval)
-            try:
-                await body()
-            except Exception:  # a bug in one round must not stop future checks
-                log.exception("health round failed")
-
     async def stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            try:
-                await task
-            except (asyncio.CancelledError, Exception):
-                pass
+        await self._loops.stop()
         await self._client.aclose()

@@ -15,31 +15,13 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from .speculation_policy import (
-    DEFAULT_TENANT,
-    POLICIES_CHANNEL,
-    POLICIES_VERSION_KEY,
-    PolicySet,
-    SpeculationPolicy,
-    load_policies,
-)
-from .store import Store
+from contract.keys import POLICIES_CHANNEL, POLICIES_VERSION_KEY
+from contract.policy import PolicySet, SpeculationPolicy, load_policies, resolve_policy
+from contract.store import Store
+
+from .periodic import Loops, every
 
 log = logging.getLogger("specgate.gateway.policy")
-
-_DEFAULT = SpeculationPolicy()
-
-
-def resolve_policy(tenant: str, published: PolicySet, configured: dict[str, SpeculationPolicy]) -> SpeculationPolicy:
-    """Pure precedence rule (see module docstring)."""
-    if tenant in published.policies:
-        return published.policies[tenant]
-    if tenant in configured:
-        return configured[tenant]
-    if DEFAULT_TENANT in published.policies:
-        return published.policies[DEFAULT_TENANT]
-    return configured.get(DEFAULT_TENANT, _DEFAULT)
-
 
 class PolicyView:
     """The current PolicySet plus a per-tenant cache for the hot path."""
@@ -66,7 +48,7 @@ class PolicyWatcher:
         self.view = view
         self.poll_s = poll_s
         self.on_change = on_change
-        self._tasks: list[asyncio.Task] = []
+        self._loops = Loops()
         self._lock = asyncio.Lock()
 
     async def refresh(self) -> None:
@@ -78,15 +60,10 @@ class PolicyWatcher:
                 if self.on_change:
                     self.on_change(published)
 
-    async def _poll(self) -> None:
-        while True:
-            await asyncio.sleep(self.poll_s)
-            try:
-                version = await self.store.get_json(POLICIES_VERSION_KEY)
-                if version is not None and int(version) != self.view.policies.version:
-                    await self.refresh()
-            except Exception:
-                log.warning("policy poll failed", exc_info=True)
+    async def _poll_once(self) -> None:
+        version = await self.store.get_json(POLICIES_VERSION_KEY)
+        if version is not None and int(version) != self.view.policies.version:
+            await self.refresh()
 
     async def _subscribe(self) -> None:
         while True:
@@ -104,13 +81,7 @@ class PolicyWatcher:
             await self.refresh()
         except Exception:
             log.warning("initial policy load failed; using config defaults", exc_info=True)
-        self._tasks = [asyncio.create_task(self._poll()), asyncio.create_task(self._subscribe())]
+        self._loops.start(every(self.poll_s, self._poll_once, log, "policy poll"), self._subscribe())
 
     async def stop(self) -> None:
-        for t in self._tasks:
-            t.cancel()
-        for t in self._tasks:
-            try:
-                await t
-            except (asyncio.CancelledError, Exception):
-                pass
+        await self._loops.stop()

@@ -2,6 +2,8 @@
 
 Health checks and /metrics scraping (`health.py`) write into these objects;
 the router reads them; the proxy updates `inflight` and the breaker.
+`Registry.snapshots()` hands the latest scrape of every replica to an
+embedded controller, so one process reads each /metrics once.
 """
 
 from __future__ import annotations
@@ -10,8 +12,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from contract.settings import GatewaySettings, ReplicaConfig, Settings
+from contract.vllm_metrics import VllmMetricsSnapshot
+
 from .breaker import CircuitBreaker
-from .config import ReplicaConfig, Settings
 
 
 @dataclass
@@ -34,11 +38,25 @@ class ReplicaState:
     kv_usage: float = 0.0
     metrics_at: float = 0.0
     ext_knobs: frozenset[str] = frozenset()
+    # The latest /metrics scrape (None = it failed) and when it was taken (monotonic).
+    snapshot: VllmMetricsSnapshot | None = None
+    snapshot_at: float = 0.0
     breaker: CircuitBreaker = field(default_factory=CircuitBreaker)
 
     @property
     def supports_knobs(self) -> bool:
         return "max_draft" in self.ext_knobs
+
+    def observe_metrics(self, snap: VllmMetricsSnapshot | None, at: float) -> None:
+        """Record one scrape; a failed one keeps the last load gauges for routing."""
+        self.snapshot, self.snapshot_at = snap, at
+        if snap is None:
+            return
+        self.running = snap.num_requests_running
+        self.waiting = snap.num_requests_waiting
+        self.kv_usage = snap.kv_cache_usage_perc
+        self.ext_knobs = snap.ext_knobs
+        self.metrics_at = at
 
     def serves(self, model: str) -> bool:
         return model in self.models or model == self.configured_model
@@ -76,7 +94,7 @@ class Registry:
 
     @classmethod
     def from_settings(cls, settings: Settings) -> "Registry":
-        return cls([replica_from_config(r, settings) for r in settings.replicas])
+        return cls([replica_from_config(r, settings.gateway) for r in settings.replicas])
 
     def __iter__(self):
         return iter(self.replicas.values())
@@ -89,6 +107,10 @@ class Registry:
 
     def remove(self, name: str) -> None:
         self.replicas.pop(name, None)
+
+    def snapshots(self) -> dict[str, tuple[float, VllmMetricsSnapshot | None]]:
+        """{replica name: (monotonic time, latest scrape | None)} for replicas scraped at least once."""
+        return {r.name: (r.snapshot_at, r.snapshot) for r in self.replicas.values() if r.snapshot_at}
 
     def known_models(self) -> set[str]:
         out: set[str] = set()
@@ -111,7 +133,7 @@ class Registry:
         return list(seen.values())
 
 
-def replica_from_config(cfg: ReplicaConfig, settings: Settings) -> ReplicaState:
+def replica_from_config(cfg: ReplicaConfig, settings: GatewaySettings) -> ReplicaState:
     return ReplicaState(
         name=cfg.name or cfg.url,
         url=cfg.url,

@@ -22,7 +22,7 @@ import hashlib
 from dataclasses import dataclass
 from typing import Protocol, Sequence
 
-from .speculation_policy import SpeculationPolicy
+from contract.policy import SpeculationPolicy
 
 AFFINITY_SLACK = 8.0
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
-from .config import TracingConfig
+from contract.settings import TracingConfig
 
 
 class Tracing:
@@ -23,10 +23,11 @@ class Tracing:
             return
         from opentelemetry.sdk.resources import Resource
         from opentelemetry.sdk.trace import TracerProvider
-        from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
-
         from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
         from opentelemetry.trace import SpanKind, set_span_in_context
+        from opentelemetry.trace.propagation.tracecontext import (
+            TraceContextTextMapPropagator,
+        )
 
         self._propagator = TraceContextTextMapPropagator()
         self._kinds = {"server": SpanKind.SERVER, "client": SpanKind.CLIENT, "internal": SpanKind.INTERNAL}
@@ -36,11 +37,16 @@ class Tracing:
             sampler=ParentBased(TraceIdRatioBased(config.sample_ratio)),
         )
         if config.exporter == "console":
-            from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SimpleSpanProcessor
+            from opentelemetry.sdk.trace.export import (
+                ConsoleSpanExporter,
+                SimpleSpanProcessor,
+            )
 
             self._provider.add_span_processor(SimpleSpanProcessor(ConsoleSpanExporter()))
         elif config.exporter == "otlp":
-            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter  # extra: specgate[otlp]
+            from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
+                OTLPSpanExporter,  # extra: specgate[otlp]
+            )
             from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
             exporter = OTLPSpanExporter(endpoint=config.otlp_endpoint) if config.otlp_endpoint else OTLPSpanExporter()

@@ -20,10 +20,11 @@ app = typer.Typer(
 
 # Modules that contribute commands; each exposes `register(app: typer.Typer)`.
 _COMMAND_MODULES = (
-    "gateway.cli",
+    "specgate.gateway_cli",
     "controller.cli",
     "drafters.cli",
     "specgate.stack_cli",
+    "specgate.config_doc",
 )
 
 

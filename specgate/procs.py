@@ -15,8 +15,8 @@ start-up, the parent being killed). Three mechanisms together make that true:
 
 from __future__ import annotations
 
-import ctypes
 import contextlib
+import ctypes
 import os
 import signal
 import subprocess

@@ -7,6 +7,8 @@ from typing import Optional
 
 import typer
 
+from contract.settings import DEFAULT_GPU, DEFAULT_MODEL
+
 
 def register(app: typer.Typer) -> None:
     @app.command("up")
@@ -16,8 +18,8 @@ def register(app: typer.Typer) -> None:
         replicas: str = typer.Option(
             "dspark-b8,dspark-b8,off", help="comma-separated profiles of the simulated replicas"
         ),
-        gpu: str = typer.Option("h200", help="GPU the simulator imitates (h100, h200)"),
-        model: str = typer.Option("qwen3-8b", help="target model the simulator imitates (qwen3-8b, qwen3-14b)"),
+        gpu: str = typer.Option(DEFAULT_GPU, help="GPU the simulator imitates (h100, h200)"),
+        model: str = typer.Option(DEFAULT_MODEL, help="target model the simulator imitates (qwen3-8b, qwen3-14b)"),
         redis_url: Optional[str] = typer.Option(
             None, envvar="SPECGATE_REDIS_URL", help="shared state in Redis (default: in-memory)"
         ),

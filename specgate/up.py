@@ -30,6 +30,8 @@ from typing import Callable
 
 import httpx
 
+from contract.settings import DEFAULT_GPU, DEFAULT_MODEL
+
 from .procs import Supervisor, wait_http_ok
 
 DEFAULT_REPLICAS = ("dspark-b8", "dspark-b8", "off")
@@ -100,8 +102,8 @@ def make_plan(
     port: int = 8000,
     profiles: tuple[str, ...] = DEFAULT_REPLICAS,
     replica_ports: tuple[int, ...] | None = None,
-    gpu: str = "h200",
-    model: str = "qwen3-8b",
+    gpu: str = DEFAULT_GPU,
+    model: str = DEFAULT_MODEL,
     redis_url: str | None = None,
     state_file: Path = DEFAULT_STATE_FILE,
     token: Callable[[int], str] = secrets.token_urlsafe,
@@ -133,8 +135,8 @@ def make_plan(
 
 
 def settings_for(plan: UpPlan):
-    """The gateway Settings of the plan (the real `gateway.config` model validates it)."""
-    from gateway.config import ReplicaConfig, Settings, TenantConfig, hash_key
+    """The Settings of the plan (the real `contract.settings` model validates it)."""
+    from contract.settings import ReplicaConfig, Settings, TenantConfig, hash_key
 
     return Settings(
         replicas=[ReplicaConfig(name=r.name, url=r.url, profile=r.profile) for r in plan.replicas],
@@ -145,8 +147,10 @@ def settings_for(plan: UpPlan):
         ],
         admin_key=plan.admin_key,
         redis_url=plan.redis_url,
-        health_interval_s=1.0,
-        health_success_threshold=1,
+        gateway={"health_interval_s": 1.0, "health_success_threshold": 1},
+        controller={"tick_s": plan.controller_tick_s, "gpu": plan.gpu, "model": plan.model,
+                    "decision": {"min_dwell_s": plan.controller_min_dwell_s}},
+        sim={"gpu": plan.gpu, "model": plan.model, "time_scale": plan.time_scale},
     )
 
 
@@ -279,16 +283,13 @@ def _print_tail(out, path: Path, lines: int = 15) -> None:
 async def _serve(plan: UpPlan, sup: Supervisor, out: Callable[[str], None]) -> int:
     import uvicorn
 
-    from controller.embedded import embed_in_app
-    from controller.service import ControllerConfig
-    from gateway.app import create_app
-    from gateway.store import create_store
+    from contract.store import create_store
+
+    from .node import create_node_app
 
     settings = settings_for(plan)
     store = create_store(settings.redis_url, settings.redis_prefix)
-    app = create_app(settings, store)
-    embed_in_app(app, ControllerConfig(tick_s=plan.controller_tick_s, min_dwell_s=plan.controller_min_dwell_s,
-                                       gpu=plan.gpu, model=plan.model))
+    app = create_node_app(settings, store, controller=True)
     server = uvicorn.Server(uvicorn.Config(app, host=plan.host, port=plan.port, log_level="warning",
                                            access_log=False, lifespan="on", timeout_graceful_shutdown=5))
     logging.getLogger("uvicorn.error").addFilter(_ShutdownCancellations(server))

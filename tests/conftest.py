@@ -74,7 +74,7 @@ def redis_prefix(redis_url):
 
 @pytest.fixture
 async def redis_store(redis_url, redis_prefix):
-    from gateway.store.redis_store import RedisStore
+    from contract.store.redis_store import RedisStore
 
     store = RedisStore(redis_url, prefix=redis_prefix)
     yield store

@@ -50,7 +50,8 @@ def _validate_checkpoint(drafter_path: str, target_model: str, profile_label: st
 
 
 def build_command(environ: dict[str, str], extra: list[str]) -> tuple[list[str], dict[str, str]]:
-    from drafters.profiles import parse_profile, vllm_env, vllm_launch_args
+    from contract.profiles import parse_profile
+    from drafters.profiles import vllm_env, vllm_launch_args
 
     label = environ.get("SPECGATE_PROFILE", "").strip()
     target = environ.get("SPECGATE_TARGET_MODEL", "").strip()

@@ -16,7 +16,13 @@ from __future__ import annotations
 
 import logging
 
-from .knobs import KNOB_NAMES, MAX_DRAFT_KEY, MIN_CONFIDENCE_KEY, RequestKnobs, parse_knobs
+from contract.knobs import (
+    KNOB_NAMES,
+    MAX_DRAFT_KEY,
+    MIN_CONFIDENCE_KEY,
+    RequestKnobs,
+    parse_knobs,
+)
 
 __all__ = ["register", "parse_knobs", "RequestKnobs", "MAX_DRAFT_KEY", "MIN_CONFIDENCE_KEY", "KNOB_NAMES"]
 

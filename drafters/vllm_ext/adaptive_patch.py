@@ -21,12 +21,12 @@ that reaches it anyway is ignored with a warning (request runs as stock).
 
 from __future__ import annotations
 
-import functools
 import logging
 from typing import Any
 
-from .guard import run_guarded
-from .knobs import parse_knobs
+from contract.knobs import parse_knobs
+
+from .guard import patch_once, run_guarded
 
 logger = logging.getLogger("specgate.vllm_ext")
 
@@ -44,16 +44,6 @@ def _floors(runner: Any) -> dict[str, float]:
 
 def install_runner(runner_cls: type) -> bool:
     """Wrap the V2 model runner's request bookkeeping. Idempotent."""
-    if runner_cls.__dict__.get(_MARK):
-        return False
-    orig_add = runner_cls.add_requests
-    orig_remove = runner_cls._remove_request
-
-    @functools.wraps(orig_add)
-    def add_requests(self, scheduler_output):
-        result = orig_add(self, scheduler_output)
-        run_guarded("confidence-floor bookkeeping", None, _record_floors, self, scheduler_output)
-        return result
 
     def _record_floors(self, scheduler_output) -> None:
         manager = getattr(self, "adaptive_verification", None)
@@ -73,28 +63,33 @@ def install_runner(runner_cls: type) -> bool:
             if knobs.min_confidence > 0.0:
                 _floors(manager)[new_req.req_id] = knobs.min_confidence
 
-    @functools.wraps(orig_remove)
-    def _remove_request(self, req_id):
-        manager = getattr(self, "adaptive_verification", None)
-        if manager is not None:
-            _floors(manager).pop(req_id, None)
-        return orig_remove(self, req_id)
+    def wrap_add(orig_add):
+        def add_requests(self, scheduler_output):
+            result = orig_add(self, scheduler_output)
+            run_guarded("confidence-floor bookkeeping", None, _record_floors, self, scheduler_output)
+            return result
 
-    runner_cls.add_requests = add_requests
-    runner_cls._remove_request = _remove_request
-    setattr(runner_cls, _MARK, True)
-    return True
+        return add_requests
+
+    def wrap_remove(orig_remove):
+        def _remove_request(self, req_id):
+            manager = getattr(self, "adaptive_verification", None)
+            if manager is not None:
+                _floors(manager).pop(req_id, None)
+            return orig_remove(self, req_id)
+
+        return _remove_request
+
+    return patch_once(runner_cls, _MARK, {"add_requests": wrap_add, "_remove_request": wrap_remove})
 
 
 def install_manager(manager_cls: type) -> bool:
     """Wrap AdaptiveVerificationManager.get_num_tokens with the floor. Idempotent."""
     if manager_cls.__dict__.get(_MARK):
-        return False
+        return False  # before importing torch: a second install costs nothing
     import torch
 
     from .confidence import apply_floor_to_batch, floor_draft_counts
-
-    orig_get = manager_cls.get_num_tokens
 
     def _floored(self, num_tokens_per_req, draft_tokens):
         floors: dict[str, float] | None = getattr(self, _FLOORS_ATTR, None)
@@ -111,13 +106,13 @@ def install_manager(manager_cls: type) -> bool:
                 return apply_floor_to_batch(num_tokens_per_req, draft_tokens, req_ids, counts.tolist())
         return num_tokens_per_req, draft_tokens
 
-    @functools.wraps(orig_get)
-    def get_num_tokens(self, num_tokens_per_req, draft_tokens):
-        num_tokens_per_req, draft_tokens = run_guarded(
-            "confidence floor", (num_tokens_per_req, draft_tokens), _floored, self, num_tokens_per_req, draft_tokens
-        )
-        return orig_get(self, num_tokens_per_req, draft_tokens)
+    def wrap_get(orig_get):
+        def get_num_tokens(self, num_tokens_per_req, draft_tokens):
+            num_tokens_per_req, draft_tokens = run_guarded(
+                "confidence floor", (num_tokens_per_req, draft_tokens), _floored, self, num_tokens_per_req, draft_tokens
+            )
+            return orig_get(self, num_tokens_per_req, draft_tokens)
 
-    manager_cls.get_num_tokens = get_num_tokens
-    setattr(manager_cls, _MARK, True)
-    return True
+        return get_num_tokens
+
+    return patch_once(manager_cls, _MARK, {"get_num_tokens": wrap_get})

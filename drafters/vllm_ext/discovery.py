@@ -65,20 +65,16 @@ def advertise(knobs: tuple[str, ...], registry: CollectorRegistry = REGISTRY) ->
 
 def install_async_llm_hook(async_llm_cls: type) -> bool:
     """Wrap AsyncLLM.__init__ so the API-server process advertises once configured."""
-    import functools
+    from .guard import patch_once
 
-    if async_llm_cls.__dict__.get("_specgate_discovery_patched"):
-        return False
-    orig_init = async_llm_cls.__init__
+    def wrap_init(orig_init):
+        def __init__(self, vllm_config, *args, **kwargs):
+            orig_init(self, vllm_config, *args, **kwargs)
+            try:
+                advertise(knobs_from_vllm_config(vllm_config))
+            except Exception:  # discovery must never take the server down
+                logger.exception("specgate: could not register %s", METRIC)
 
-    @functools.wraps(orig_init)
-    def __init__(self, vllm_config, *args, **kwargs):
-        orig_init(self, vllm_config, *args, **kwargs)
-        try:
-            advertise(knobs_from_vllm_config(vllm_config))
-        except Exception:  # discovery must never take the server down
-            logger.exception("specgate: could not register %s", METRIC)
+        return __init__
 
-    async_llm_cls.__init__ = __init__
-    async_llm_cls._specgate_discovery_patched = True
-    return True
+    return patch_once(async_llm_cls, "_specgate_discovery_patched", {"__init__": wrap_init})

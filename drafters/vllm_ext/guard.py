@@ -9,6 +9,7 @@ bug must cost speculation control, never the replica.
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import Any, Callable, TypeVar
 
@@ -26,3 +27,24 @@ def run_guarded(site: str, fallback: T, fn: Callable[..., T], *args: Any) -> T:
             _reported.add(site)
             logger.exception("specgate: %s failed; the step runs as stock vLLM (logged once)", site)
         return fallback
+
+
+def patch_once(cls: type, mark: str, wrappers: dict[str, Callable[[Callable[..., Any]], Callable[..., Any]]]) -> bool:
+    """Replace methods of `cls` by wrappers of the originals, once.
+
+    `wrappers` maps a method name to a function that takes the original and
+    returns its replacement (which keeps the original's name and docstring).
+    The mark lives in the class's own `__dict__`, so a subclass of a patched
+    class is not mistaken for patched, and installing twice (the plugin is
+    loaded by every vLLM process, sometimes twice in one) wraps nothing
+    twice. Returns whether it patched.
+    """
+
+
+    if cls.__dict__.get(mark):
+        return False
+    for name, make in wrappers.items():
+        original = getattr(cls, name)
+        setattr(cls, name, functools.wraps(original)(make(original)))
+    setattr(cls, mark, True)
+    return True

@@ -45,12 +45,12 @@ greedy output is unchanged.
 
 from __future__ import annotations
 
-import functools
 import logging
 from typing import Any
 
-from .guard import run_guarded
-from .knobs import STOCK, RequestKnobs, parse_knobs, step_draft_len
+from contract.knobs import STOCK, RequestKnobs, parse_knobs, step_draft_len
+
+from .guard import patch_once, run_guarded
 
 logger = logging.getLogger("specgate.vllm_ext")
 
@@ -141,34 +141,31 @@ def lower_step_draft_len(requests: dict[str, Any], scheduler_output: Any) -> int
 
 def install(scheduler_cls: type) -> bool:
     """Patch `scheduler_cls` (vLLM's base Scheduler) in place. Idempotent."""
-    if scheduler_cls.__dict__.get(_MARK):
-        return False
-    orig_schedule = scheduler_cls.schedule
-    orig_update_after = scheduler_cls._update_after_schedule
 
-    @functools.wraps(orig_schedule)
-    def schedule(self, *args, **kwargs):
-        if not getattr(self, "_specgate_announced", False):
-            self._specgate_announced = True
-            logger.info(
-                "specgate: per-request draft cap active in %s (num_speculative_tokens=%s)",
-                type(self).__name__,
-                self.num_spec_tokens,
-            )
-        if self.num_spec_tokens and self.running:
-            run_guarded("draft-cap trim", 0, trim_running_drafts, self.running)
-        return orig_schedule(self, *args, **kwargs)
+    def wrap_schedule(orig_schedule):
+        def schedule(self, *args, **kwargs):
+            if not getattr(self, "_specgate_announced", False):
+                self._specgate_announced = True
+                logger.info(
+                    "specgate: per-request draft cap active in %s (num_speculative_tokens=%s)",
+                    type(self).__name__,
+                    self.num_spec_tokens,
+                )
+            if self.num_spec_tokens and self.running:
+                run_guarded("draft-cap trim", 0, trim_running_drafts, self.running)
+            return orig_schedule(self, *args, **kwargs)
 
-    @functools.wraps(orig_update_after)
-    def _update_after_schedule(self, scheduler_output):
-        if scheduler_output.scheduled_spec_decode_tokens:
-            run_guarded("draft-cap enforcement", 0, enforce_caps_on_output, self.requests, scheduler_output)
-        # Before the stock body: the async scheduler sizes next step's draft
-        # placeholders from this field there.
-        run_guarded("step draft length", 0, lower_step_draft_len, self.requests, scheduler_output)
-        return orig_update_after(self, scheduler_output)
+        return schedule
 
-    scheduler_cls.schedule = schedule
-    scheduler_cls._update_after_schedule = _update_after_schedule
-    setattr(scheduler_cls, _MARK, True)
-    return True
+    def wrap_update_after(orig_update_after):
+        def _update_after_schedule(self, scheduler_output):
+            if scheduler_output.scheduled_spec_decode_tokens:
+                run_guarded("draft-cap enforcement", 0, enforce_caps_on_output, self.requests, scheduler_output)
+            # Before the stock body: the async scheduler sizes next step's draft
+            # placeholders from this field there.
+            run_guarded("step draft length", 0, lower_step_draft_len, self.requests, scheduler_output)
+            return orig_update_after(self, scheduler_output)
+
+        return _update_after_schedule
+
+    return patch_once(scheduler_cls, _MARK, {"schedule": wrap_schedule, "_update_after_schedule": wrap_update_after})

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from gateway.config import Settings, hash_key
+from contract.settings import Settings, hash_key
 
 ADMIN_KEY = "admin-secret-key"
 TENANT_KEYS = {"alpha": "sk-alpha-0001", "beta": "sk-beta-0002", "bulk": "sk-bulk-0003"}
@@ -23,10 +23,7 @@ def make_settings(replicas: list[dict], redis_url: str, prefix: str, tpot: dict[
         admin_key=ADMIN_KEY,
         redis_url=redis_url,
         redis_prefix=prefix,
-        health_interval_s=0.2,
-        metrics_interval_s=0.2,
-        policy_poll_s=0.2,
-        telemetry_flush_s=0.1,
+        gateway={"health_interval_s": 0.2, "metrics_interval_s": 0.2, "policy_poll_s": 0.2, "telemetry_flush_s": 0.1},
         **kw,
     )
 
@@ -43,8 +40,8 @@ class Stack:
 @pytest.fixture
 def stack_factory(redis_url, redis_prefix):
     """async with stack_factory(replica_profiles) as stack: gateway + sim replicas (+ controller if asked)."""
-    from gateway.app import create_app
-    from gateway.store.redis_store import RedisStore
+    from contract.store.redis_store import RedisStore
+    from specgate.node import create_node_app
 
     from .servers import serve, sim_replica
 
@@ -60,7 +57,7 @@ def stack_factory(redis_url, redis_prefix):
             stack.push_async_callback(store.close)
             app_store = RedisStore(redis_url, prefix=redis_prefix)
             stack.push_async_callback(app_store.close)
-            app = create_app(settings, store=app_store)
+            app = create_node_app(settings, store=app_store)
             url = await stack.enter_async_context(serve(app))
             yield Stack(settings, url, app, store)
 
@@ -72,13 +69,15 @@ async def running_controller(settings: Settings, redis_url: str, prefix: str, **
     """A Controller on its own Redis connection with short ticks; yields (controller, ticks list)."""
     import asyncio
 
-    from controller.service import Controller, ControllerConfig
-    from gateway.store.redis_store import RedisStore
+    from contract.store.redis_store import RedisStore
+    from controller.service import Controller
 
     store = RedisStore(redis_url, prefix=prefix)
     ticks: list = []
-    config = ControllerConfig(**{"tick_s": 0.2, "min_dwell_s": 1.0, "instance_id": "test-ctrl", **cfg})
-    controller = Controller(settings, store, config, on_tick=ticks.append)
+    decision = {"min_dwell_s": 1.0, **cfg.pop("decision", {})}
+    section = {"tick_s": 0.2, "instance_id": "test-ctrl", **cfg, "decision": decision}
+    controller = Controller(settings.model_copy(update={"controller": settings.controller.model_validate(section)}), store,
+                            on_tick=ticks.append)
     stop = asyncio.Event()
     task = asyncio.create_task(controller.run(stop))
     try:

@@ -1,10 +1,14 @@
-"""PlanGate: a fleet-plan restart must pay back the capacity it costs."""
+"""PlanGate: a fleet-plan restart must pay back the capacity it costs; GatedActuator: the gate in
+front of a restart action, the one restart path of the shipped controller and of the benchmark."""
 
 from __future__ import annotations
 
 import pytest
 
-from controller.actuation import PlanGate
+from contract.keys import FLEET_PLAN_KEY
+from contract.settings import RestartGateSettings, Settings
+from contract.store.memory import MemoryStore
+from controller.actuation import GatedActuator, NoopRestart, PlanGate, default_actuator, store_fleet_plan
 from controller.decision import ReplicaRegime
 
 
@@ -91,3 +95,88 @@ def test_a_recommendation_gone_longer_than_the_grace_starts_over():
     gate = PlanGate(restart_s=30.0, grace_s=15.0)
     gone = lambda t: {"r0": ("dspark-b8-av", 1.0) if 200 <= t < 260 else ("off", 1.1)}  # noqa: E731
     assert first_action_time(gate, gone) == 560.0  # 260 s + 300 s of fresh credit
+
+
+# -- GatedActuator: the one restart path (shipped service and benchmark) ------
+
+
+class RecordingRestart:
+    """A RestartAction that 'restarts' by remembering; busy from a restart until told otherwise."""
+
+    name = "recording"
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str]] = []
+        self.busy_now: set[str] = set()
+
+    def busy(self) -> set[str]:
+        return set(self.busy_now)
+
+    async def restart(self, replica: str, profile: str) -> None:
+        self.calls.append((replica, profile))
+        self.busy_now.add(replica)
+
+
+def regimes_at(gain: float, names=("r0", "r1")) -> dict:
+    return {n: regime(n, "dspark-b8-av", "off", gain) for n in names}
+
+
+def test_plan_gate_from_settings_has_the_constructor_defaults():
+    a, b = PlanGate(), PlanGate.from_settings(RestartGateSettings())
+    fields = ("restart_s", "payback", "min_gain", "min_interval_s", "min_confirm_s", "min_loss", "grace_s")
+    assert {f: getattr(a, f) for f in fields} == {f: getattr(b, f) for f in fields}
+    gate = PlanGate.from_settings(RestartGateSettings(restart_s=60.0, min_loss=0.5))
+    assert (gate.restart_s, gate.min_loss) == (60.0, 0.5)
+
+
+async def test_gated_actuator_restarts_when_the_gate_fires_and_documents_it():
+    action = RecordingRestart()
+    act = GatedActuator(PlanGate(restart_s=30.0), action)  # gain 2.0 at full loss: 30 s of credit
+    docs = [await act.apply(regimes_at(2.0), float(t)) for t in range(0, 31)]
+    assert all(d["restart_now"] is None for d in docs[:30])
+    assert docs[30]["restart_now"] == ["r0", "off"] and action.calls == [("r0", "off")]
+    assert docs[30]["actuator"] == "recording" and set(docs[30]["replicas"]) == {"r0", "r1"}
+    assert docs[30]["replicas"]["r0"]["recommended_profile"] == "off"
+    assert docs[30]["restarting"] == ["r0"]
+    assert docs[30]["last_restart"] == {"replica": "r0", "profile": "off", "age_s": 0.0}
+    assert act.restarts == [(30.0, "r0", "off")]
+    # While the action reports a replica restarting the gate holds: nothing else restarts.
+    for t in range(31, 60):
+        doc = await act.apply(regimes_at(2.0), float(t))
+        assert doc["restart_now"] is None and doc["restarting"] == ["r0"]
+    assert doc["last_restart"]["age_s"] == 29.0
+    # Done: the fleet-wide streak carries over to the next replica at once.
+    action.busy_now = set()
+    doc = await act.apply(regimes_at(2.0, names=("r1",)), 60.0)
+    assert doc["restart_now"] == ["r1", "off"] and action.calls[-1] == ("r1", "off")
+
+
+async def test_hold_freezes_the_gate():
+    action = RecordingRestart()
+    act = GatedActuator(PlanGate(restart_s=30.0), action)
+    for t in range(0, 20):
+        await act.apply(regimes_at(2.0), float(t))
+    for t in range(20, 200):  # paused controller: no restart, no credit earned, none lost
+        assert (await act.apply(regimes_at(2.0), float(t), hold=True))["restart_now"] is None
+    assert action.calls == []
+    fired = [t for t in range(200, 240) if (await act.apply(regimes_at(2.0), float(t)))["restart_now"]]
+    assert fired and fired[0] == 210  # 19 s of credit before the pause (0..19), 11 more after it
+
+
+async def test_shipped_actuator_records_the_restart_it_would_make():
+    """The service's default: the gate from settings.controller.restart_gate, restarting nothing."""
+    act = default_actuator(Settings().controller.restart_gate)
+    assert isinstance(act.restart, NoopRestart) and act.name == "noop"
+    store = MemoryStore()
+    for t in range(0, 61):
+        doc = await store_fleet_plan(store, regimes_at(1.5, names=("r0",)), act, float(t))
+        if doc["restart_now"]:
+            break
+    # +50 % at full loss of the default 30 s restart: 30 s of credit, 60 s of streak.
+    assert t == 60 and doc["restart_now"] == ["r0", "off"]
+    stored = await store.get_json(FLEET_PLAN_KEY)
+    assert stored == doc and stored["actuator"] == "noop" and stored["restarting"] == []
+    assert act.restart.recorded == [("r0", "off")]
+    # Nothing restarted, so the plan stands; the per-replica interval keeps the record quiet.
+    doc = await store_fleet_plan(store, regimes_at(1.5, names=("r0",)), act, 61.0)
+    assert doc["restart_now"] is None and doc["last_restart"]["replica"] == "r0"

@@ -9,7 +9,7 @@ import asyncio
 import pytest
 from openai import AsyncOpenAI
 
-from gateway.speculation_policy import load_policies
+from contract.policy import load_policies
 
 from .conftest import TENANT_KEYS, running_controller
 from .servers import wait_for
@@ -76,7 +76,8 @@ async def test_load_step_turns_speculation_off_within_two_ticks_and_back_on(stac
                 for d in ticks[-30::3]:
                     print(d.replicas["sim-0"].batch, d.replicas["sim-0"].rho, d.policies["alpha"].reason)
                 raise
-            await wait_for(lambda: enabled("beta"), 10, what="beta re-enabled after the load dropped")
+            # beta (chat-like, lower acceptance) needs more evidence than alpha to clear the on margin.
+            await wait_for(lambda: enabled("beta"), 30, what="beta re-enabled after the load dropped")
             history = await st.store.recent("controller:history", 50)
             assert any(h["tenant"] == "alpha" and not h["policy"]["enabled"] for h in history)
             assert all(h["reason"] for h in history)

@@ -12,8 +12,8 @@ import sys
 import pytest
 import yaml
 
-from controller.overrides import LEADER_KEY, STATUS_KEY
-from gateway.speculation_policy import load_policies
+from contract.keys import LEADER_KEY, STATUS_KEY
+from contract.policy import load_policies
 
 from .servers import sim_replica, wait_for
 

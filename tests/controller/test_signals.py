@@ -6,9 +6,10 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from controller.signals import ReplicaDeltaTracker, TelemetryDeltaTracker, counter_delta, scrape_metrics
-from gateway.spec_telemetry import RequestSpecStats, read_all, record_request
-from gateway.vllm_metrics import VllmMetricsSnapshot
+from contract.vllm_metrics import fetch_metrics as scrape_metrics
+from controller.signals import ReplicaDeltaTracker, TelemetryDeltaTracker, counter_delta
+from contract.telemetry import RequestSpecStats, read_all, record_request
+from contract.vllm_metrics import VllmMetricsSnapshot
 
 from .servers import sim_replica
 

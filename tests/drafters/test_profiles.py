@@ -2,10 +2,8 @@ import json
 
 import pytest
 
-from drafters.profiles import (
-    OFF, PROFILE_LABELS, Profile, all_profiles, is_profile_label, parse_profile, speculative_config, vllm_env,
-    vllm_launch_args,
-)
+from contract.profiles import OFF, PROFILE_LABELS, Profile, all_profiles, is_profile_label, parse_profile
+from drafters.profiles import speculative_config, vllm_env, vllm_launch_args
 
 
 def test_labels_round_trip():

@@ -1,6 +1,6 @@
 """Gateway test fixtures: real uvicorn servers on loopback ports (each in its
 own thread and event loop), the documented fake OpenAI backend
-(`bench/fake_openai_backend.py`) as the replica, real Redis for state."""
+(`tests/support/fake_openai_backend.py`) as the replica, real Redis for state."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ import httpx
 import pytest
 import uvicorn
 
-from bench.fake_openai_backend import FakeBackend
+from tests.support.fake_openai_backend import FakeBackend
 from gateway.app import create_app
-from gateway.config import hash_key, load_settings
+from contract.settings import hash_key, load_settings
 from tests.conftest import free_port
 
 KEYS = {"alpha": "sk-alpha-0123456789", "beta": "sk-beta-0123456789", "gamma": "sk-gamma-0123456789"}
@@ -101,14 +101,15 @@ def tenant(name: str, **limits: Any) -> dict[str, Any]:
 def start_gateway(redis_url, redis_prefix) -> Callable[..., Gateway]:
     started: list[Gateway] = []
 
-    def _start(replicas: list[dict[str, Any]], tenants: list[dict[str, Any]] | None = None, **overrides: Any) -> Gateway:
+    def _start(replicas: list[dict[str, Any]], tenants: list[dict[str, Any]] | None = None, **gateway: Any) -> Gateway:
+        """Keyword arguments are settings of the `gateway` section."""
         settings = load_settings(
             replicas=replicas,
             tenants=tenants if tenants is not None else [tenant("alpha"), tenant("beta")],
             redis_url=redis_url,
             redis_prefix=redis_prefix,
             admin_key="admin-secret",
-            **{"health_interval_s": 30.0, "metrics_interval_s": 0.2, "telemetry_flush_s": 0.1, "policy_poll_s": 0.2, **overrides},
+            gateway={"health_interval_s": 30.0, "metrics_interval_s": 0.2, "telemetry_flush_s": 0.1, "policy_poll_s": 0.2, **gateway},
         )
         app = create_app(settings)
         gw = Gateway(app, ServerThread(app, free_port()).start())

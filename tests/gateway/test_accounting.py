@@ -7,8 +7,8 @@ import asyncio
 import pytest
 
 from gateway.accounting import Accounting, estimate_tokens
-from gateway.config import TenantConfig
-from gateway.store import MemoryStore
+from contract.settings import TenantConfig
+from contract.store import MemoryStore
 
 
 @pytest.fixture(params=["memory", "redis"])
@@ -16,7 +16,7 @@ async def store(request, redis_url, redis_prefix):
     if request.param == "memory":
         yield MemoryStore()
         return
-    from gateway.store.redis_store import RedisStore
+    from contract.store.redis_store import RedisStore
 
     s = RedisStore(redis_url, prefix=redis_prefix)
     yield s

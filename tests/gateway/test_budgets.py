@@ -80,8 +80,8 @@ def test_token_budget_reserves_estimate_then_settles_actual(start_backend, start
 
 def test_budget_store_down_fails_closed_with_503(start_backend, start_gateway):
     """Limited tenants are refused (503, OpenAI-shaped) when Redis is unreachable; no hang."""
+    from contract.settings import load_settings
     from gateway.app import create_app
-    from gateway.config import load_settings
     from tests.conftest import free_port
 
     from .conftest import ServerThread
@@ -91,7 +91,7 @@ def test_budget_store_down_fails_closed_with_503(start_backend, start_gateway):
         replicas=[{"url": backend.url}],
         tenants=[tenant("alpha", requests_per_minute=10), tenant("beta")],
         redis_url=f"redis://127.0.0.1:{free_port()}/0",
-        health_interval_s=30,
+        gateway={"health_interval_s": 30},
     )
     server = ServerThread(create_app(settings), free_port()).start()
     try:

@@ -6,7 +6,7 @@ import asyncio
 
 import httpx
 
-from gateway.speculation_policy import SpeculationPolicy, publish_policies
+from contract.policy import SpeculationPolicy, publish_policies
 
 from .conftest import KEYS, backend_requests, tenant
 
@@ -84,7 +84,7 @@ async def test_config_default_policy_applies_until_controller_publishes(start_ba
 
 async def test_policy_poll_fallback_without_pubsub(start_backend, start_gateway, redis_store):
     """A policy written without a notification (missed message) is still picked up by polling."""
-    from gateway.speculation_policy import POLICIES_KEY, POLICIES_VERSION_KEY, PolicySet
+    from contract.policy import POLICIES_KEY, POLICIES_VERSION_KEY, PolicySet
 
     knob = await asyncio.to_thread(start_backend, name="knob", knobs=True)
     gw = await asyncio.to_thread(start_gateway, [{"url": knob.url, "name": "knob"}])

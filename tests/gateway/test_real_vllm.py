@@ -28,7 +28,7 @@ import time
 import openai
 import pytest
 
-from gateway.spec_telemetry import read_all
+from contract.telemetry import read_all
 from tests.gateway.conftest import KEYS, tenant, wait_for
 from tests.vllm_support.fixtures import (  # noqa: F401  (pytest fixtures)
     NGRAM_K,

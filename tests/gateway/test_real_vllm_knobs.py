@@ -21,8 +21,8 @@ import concurrent.futures as cf
 import openai
 import pytest
 
-from gateway.spec_telemetry import read_all
-from gateway.speculation_policy import SpeculationPolicy, publish_policies
+from contract.telemetry import read_all
+from contract.policy import SpeculationPolicy, publish_policies
 from tests.gateway.conftest import KEYS, wait_for
 from tests.vllm_support.fixtures import (  # noqa: F401  (pytest fixtures)
     tiny_model_dir,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from gateway.routing import RouteRequest, affinity_key, rank_replicas, speculation_tier
-from gateway.speculation_policy import SpeculationPolicy
+from contract.policy import SpeculationPolicy
 
 
 @dataclass

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import openai
 
-from gateway.spec_telemetry import read_all
-from gateway.store.redis_store import RedisStore
+from contract.telemetry import read_all
+from contract.store.redis_store import RedisStore
 
 from .conftest import KEYS, backend_requests
 

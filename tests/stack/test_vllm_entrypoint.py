@@ -13,7 +13,8 @@ import sys
 
 import pytest
 
-from drafters.profiles import parse_profile, vllm_env, vllm_launch_args
+from contract.profiles import parse_profile
+from drafters.profiles import vllm_env, vllm_launch_args
 from tests.stack.conftest import REPO
 
 ENTRYPOINT = REPO / "docker" / "vllm" / "entrypoint.py"

@@ -8,7 +8,7 @@ import time
 
 import httpx
 
-from gateway.vllm_metrics import parse_vllm_metrics
+from contract.vllm_metrics import parse_vllm_metrics
 from tests.conftest import free_port
 
 

@@ -1,9 +1,11 @@
 import pytest
 
+from contract.telemetry import COUNTER_FIELDS, RequestSpecStats, increments_for
 from drafters.sim import (
     Admission, BasePolicy, ClosedLoopSource, EngineConfig, ModelOraclePolicy, OpenLoopSource, Simulation,
-    StaticPolicy, TenantSpec, piecewise_poisson_trace, run_closed_loop,
+    StaticPolicy, TenantSpec, TraceRequest, piecewise_poisson_trace, run_closed_loop,
 )
+from drafters.vllm_ext.discovery import advertised_knobs
 
 GSM = [TenantSpec("t", "gsm8k")]
 
@@ -109,3 +111,137 @@ def test_simulated_speedup_matches_the_analytic_cost_model():
     want = static_speedup(get_gpu("h200"), get_model("qwen3-8b"), 1, 600, 8, tau)
     got = spec.mean_tpot_ms() and off.mean_tpot_ms() / spec.mean_tpot_ms()
     assert got == pytest.approx(want, rel=0.12)
+
+
+# -- the public interface: snapshot / submit / restart_replica; one telemetry schema -----
+
+
+def test_tenant_counters_are_the_gateways_telemetry():
+    """Each finished request adds `increments_for` of what its response reported: a
+    speculative replica reports metrics.speculative_decoding for every request (also
+    at max_draft=0), an off replica for none."""
+    tenants = [TenantSpec("nospec", "chat", output_mean=60), TenantSpec("spec", "gsm8k", output_mean=60)]
+
+    class Split(BasePolicy):
+        def admit(self, request, view):
+            if request.tenant == "nospec":
+                return Admission(replica="s", vllm_xargs={"specgate_max_draft": 0})
+            return Admission(replica="s" if request.id % 2 else "o")
+
+    sim = Simulation([EngineConfig(name="s", profile="dspark-b8"), EngineConfig(name="o", profile="off")],
+                     ClosedLoopSource(6, tenants, seed=5), Split(), seed=2)
+    rep = sim.run(until_s=15)
+    expected: dict = {}
+    for r in rep.records:
+        spec = r.replica == "s"
+        stats = RequestSpecStats(r.prompt_tokens, r.output_tokens, r.spec_steps if spec else None,
+                                 r.draft_tokens if spec else None, r.accepted_tokens if spec else None)
+        c = expected.setdefault((r.tenant, r.replica), {f: 0.0 for f in COUNTER_FIELDS})
+        for k, v in increments_for(stats).items():
+            c[k] += v
+    assert sim.tenant_counters == expected
+    nospec = sim.tenant_counters[("nospec", "s")]
+    assert nospec["spec_requests"] == nospec["requests"] > 0 and nospec["num_draft_tokens"] == 0
+    assert sim.tenant_counters[("spec", "o")]["spec_requests"] == 0
+    assert set(sim.tenant_counters[("spec", "s")]) == set(COUNTER_FIELDS)
+
+
+def test_snapshot_advertises_the_plugins_knobs():
+    sim = Simulation([EngineConfig(name=p, profile=p) for p in ("off", "dspark-b8", "dspark-b8-av")],
+                     OpenLoopSource([]))
+    views = sim.replica_views()
+    assert set(views) == {"off", "dspark-b8", "dspark-b8-av"}
+    off, b8, av = (sim.snapshot(n) for n in ("off", "dspark-b8", "dspark-b8-av"))
+    assert off.ext_knobs == frozenset() and not off.supports_knobs and off.spec_num_drafts is None
+    assert b8.ext_knobs == frozenset(advertised_knobs("dspark", False)) == {"max_draft", "max_batch"}
+    assert av.ext_knobs == frozenset(advertised_knobs("dspark", True)) and "min_confidence" in av.ext_knobs
+    assert b8.spec_num_drafts == 0 and b8.num_requests_running == 0
+
+
+def test_knobs_reach_the_engine_as_vllm_xargs_parsed_leniently():
+    trace = [TraceRequest(i, 0.1 * i, "t", "gsm8k", 100, 40) for i in range(1, 5)]
+    xargs = {1: {"specgate_max_draft": 2, "specgate_max_batch": 8}, 2: {"specgate_max_draft": "junk"},
+             3: {"specgate_max_draft": -1, "other_ext": 1}, 4: None}
+
+    class Knobs(BasePolicy):
+        def admit(self, request, view):
+            return Admission(replica="s", vllm_xargs=xargs[request.id])
+
+    sim = Simulation([EngineConfig(name="s", profile="dspark-b8")], OpenLoopSource(trace), Knobs())
+    rep = sim.run(until_s=10)
+    by_id = {r.id: r for r in rep.records}
+    assert by_id[1].max_draft == 2 and by_id[1].draft_tokens <= 2 * by_id[1].spec_steps
+    assert by_id[2].max_draft is None and by_id[3].max_draft is None and by_id[4].max_draft is None
+    # the shorthand fields are the same keys
+    assert Admission(max_draft=3, vllm_xargs={"specgate_max_draft": 1}).xargs() == {"specgate_max_draft": 1}
+    assert Admission(max_draft=3, min_confidence=0.5).xargs() == {"specgate_max_draft": 3,
+                                                                  "specgate_min_confidence": 0.5}
+    assert Admission().xargs() is None
+
+
+class RestartAt(BasePolicy):
+    """Restarts replica `name` into `profile` at tick `at`; logs what it sees every tick."""
+
+    def __init__(self, name, profile, at, downtime_s):
+        self.name_, self.profile, self.at, self.downtime_s = name, profile, at, downtime_s
+        self.sim = None
+        self.seen = []
+
+    def attach(self, sim):
+        self.sim = sim
+
+    def tick(self, view):
+        v = self.sim.replica_views()[self.name_]
+        self.seen.append((view.now, v.status, v.profile, self.sim.snapshot(self.name_) is None, self.sim.restarting()))
+        if round(view.now) == self.at:
+            self.sim.restart_replica(self.name_, self.profile, self.downtime_s)
+
+
+def test_restart_replica_drains_goes_down_and_comes_back_with_the_new_profile():
+    pol = RestartAt("r0", "off", at=5, downtime_s=4.0)
+    sim = Simulation([EngineConfig(name="r0", profile="dspark-b8"), EngineConfig(name="r1", profile="dspark-b8")],
+                     ClosedLoopSource(8, GSM, seed=3), pol, seed=1)
+    rep = sim.run(until_s=30)
+    statuses = [(round(t), s, p, none) for t, s, p, none, _ in pol.seen]
+    assert statuses[3] == (4, "ready", "dspark-b8", False)
+    after = [s for s in statuses if s[0] > 5]
+    # draining (old profile, still scraped), then down (new profile, no /metrics), then ready
+    kinds = [s[1] for s in after]
+    assert kinds[0] in ("draining", "down") and "down" in kinds and kinds[-1] == "ready"
+    assert all(p == "off" and none for _, s, p, none in after if s == "down")
+    assert all(p == "dspark-b8" and not none for _, s, p, none in after if s == "draining")
+    down = [t for t, s, *_ in after if s == "down"]
+    assert 3 <= len(down) <= 5  # 4 s of downtime, seen at 1 s ticks
+    assert sim.restarts == [(5.0, "r0", "off")]
+    assert all(r == {"r0"} for t, s, p, n, r in pol.seen if s != "ready")
+    # nothing admitted to r0 between the restart and its return; its new engine does not speculate
+    back = min(t for t, s, *_ in after if s == "ready")
+    r0 = [r for r in rep.records if r.replica == "r0"]
+    assert not [r for r in r0 if 5.0 < r.arrival_s < back - 1.0]
+    assert all(r.spec_steps == 0 for r in r0 if r.arrival_s >= back)
+    assert any(r.arrival_s >= back for r in r0)
+    # the report's counters add the retired engine's to the new one's
+    assert rep.drafts >= sum(r.spec_steps for r in r0 if r.finish_s <= 5.0)
+    with pytest.raises(ValueError):
+        sim.restart_replica("r1", "no-such-profile", 1.0)
+
+
+def test_requests_wait_for_the_only_replica_to_come_back():
+    pol = RestartAt("r0", "dspark-b4", at=2, downtime_s=5.0)
+    sim = Simulation([EngineConfig(name="r0", profile="off")], ClosedLoopSource(4, GSM, seed=3), pol, seed=1)
+    rep = sim.run(until_s=25)
+    back = min(t for t, s, *_ in pol.seen if t > 2 and s == "ready")
+    late = [r for r in rep.records if r.arrival_s > 2.5]
+    assert late and all(r.first_token_s >= back - 1.0 for r in late)
+    assert any(r.spec_steps > 0 for r in rep.records if r.arrival_s >= back)
+
+
+def test_an_idle_replica_goes_down_at_once_and_cannot_restart_twice():
+    sim = Simulation([EngineConfig(name="r0", profile="off")], OpenLoopSource([]))
+    sim.restart_replica("r0", "dspark-b8-av", 10.0)
+    v = sim.replica_views()["r0"]
+    assert (v.status, v.profile, sim.snapshot("r0"), sim.restarting()) == ("down", "dspark-b8-av", None, {"r0"})
+    with pytest.raises(ValueError):
+        sim.restart_replica("r0", "off", 1.0)
+    with pytest.raises(KeyError):
+        sim.restart_replica("nope", "off", 1.0)

@@ -11,7 +11,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from drafters.sim.server import SimReplicaSettings
-from gateway.vllm_metrics import parse_vllm_metrics
+from contract.vllm_metrics import parse_vllm_metrics
 
 MODEL = "Qwen/Qwen3-8B"
 

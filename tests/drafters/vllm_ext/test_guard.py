@@ -22,3 +22,31 @@ def test_failure_returns_fallback_and_logs_once(caplog, monkeypatch):
 
 def test_success_passes_the_result_through():
     assert guard.run_guarded("site-b", None, lambda a, b: a + b, 2, 3) == 5
+
+
+def test_patch_once_wraps_once_keeps_names_and_leaves_subclasses_unmarked():
+    from drafters.vllm_ext.guard import patch_once
+
+    class Base:
+        def step(self, x):
+            """Stock step."""
+            return x
+
+    calls = []
+
+    def wrap(orig):
+        def step(self, x):
+            calls.append(x)
+            return orig(self, x) + 1
+
+        return step
+
+    assert patch_once(Base, "_marked", {"step": wrap}) is True
+    assert patch_once(Base, "_marked", {"step": wrap}) is False  # a second install wraps nothing
+    assert Base().step(1) == 2 and calls == [1]
+    assert Base.step.__name__ == "step" and Base.step.__doc__ == "Stock step."
+
+    class Child(Base):
+        pass
+
+    assert "_marked" not in Child.__dict__  # its own patch would still apply

@@ -7,7 +7,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from drafters.vllm_ext import discovery
 from drafters.vllm_ext.versions import is_verified
-from gateway.vllm_metrics import parse_vllm_metrics
+from contract.vllm_metrics import parse_vllm_metrics
 
 
 @pytest.mark.parametrize(

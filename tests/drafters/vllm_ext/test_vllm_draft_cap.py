@@ -120,7 +120,7 @@ def test_server_counters_reflect_the_cap(vllm_ngram_server, baseline):
 
 
 def test_replica_advertises_the_knobs(vllm_ngram_server):
-    from gateway.vllm_metrics import parse_vllm_metrics
+    from contract.vllm_metrics import parse_vllm_metrics
 
     snap = parse_vllm_metrics(httpx.get(vllm_ngram_server.url + "/metrics", timeout=10).text)
     assert snap.ext_version is not None

@@ -156,7 +156,7 @@ def test_min_confidence_without_adaptive_verification_is_ignored_with_a_warning(
         time.sleep(0.5)
     assert needle in dspark_server.log_path.read_text(errors="replace")
     # ...and the replica does not advertise the knob, so the gateway never sends it.
-    from gateway.vllm_metrics import parse_vllm_metrics
+    from contract.vllm_metrics import parse_vllm_metrics
 
     snap = parse_vllm_metrics(httpx.get(dspark_server.url + "/metrics", timeout=10).text)
     assert snap.ext_knobs == {"max_draft", "max_batch"}

@@ -1,0 +1,100 @@
+"""The per-tenant speculation policy: written by the controller (or an admin
+default), read by every gateway instance on every request.
+
+It is the core of the contract between the decision side (`controller/`) and
+the data plane (`gateway/`): the controller never talks to a gateway
+directly, it publishes a versioned policy set through the store, and each
+gateway applies the newest version it has seen (pub/sub for speed, polling as
+a fallback). Only the controller package writes it (`publish_policies`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from .keys import POLICIES_CHANNEL, POLICIES_KEY, POLICIES_VERSION_KEY
+from .store import Store
+
+DEFAULT_TENANT = "*"  # policy applied to tenants that have none of their own
+
+
+class SpeculationPolicy(BaseModel):
+    """What a tenant's requests should get from speculation right now.
+
+    enabled=False means "no speculation for this tenant": the gateway prefers
+    replicas with profile `off` and sends `specgate_max_draft=0` to replicas
+    that honour the per-request knobs.
+    """
+
+    enabled: bool = True
+    preferred_profile: str | None = Field(
+        default=None, description="replica profile label to prefer, e.g. 'dspark-b8' or 'off'"
+    )
+    max_draft: int | None = Field(default=None, ge=0, description="per-request draft cap")
+    min_confidence: float | None = Field(
+        default=None, ge=0.0, le=1.0, description="per-request cumulative-confidence floor"
+    )
+    max_batch: int | None = Field(
+        default=None, ge=0,
+        description="draft only while the replica's step batch is at most this (the engine applies it every step)",
+    )
+    reason: str = ""
+    source: str = "default"  # "default" | "config" | "controller" | "admin"
+
+    def behaviour(self) -> tuple:
+        """What requests actually get; two policies equal here act the same
+        (reason and source are bookkeeping)."""
+        return (self.enabled, self.preferred_profile, self.max_draft, self.min_confidence, self.max_batch)
+
+    def vllm_xargs(self) -> dict[str, int | float]:
+        """The per-request knobs this policy implies for a knob-capable replica."""
+        xargs: dict[str, int | float] = {}
+        if not self.enabled:
+            xargs["specgate_max_draft"] = 0
+            return xargs
+        if self.max_draft is not None:
+            xargs["specgate_max_draft"] = int(self.max_draft)
+        if self.min_confidence is not None:
+            xargs["specgate_min_confidence"] = float(self.min_confidence)
+        if self.max_batch is not None:
+            xargs["specgate_max_batch"] = int(self.max_batch)
+        return xargs
+
+
+class PolicySet(BaseModel):
+    version: int = 0
+    policies: dict[str, SpeculationPolicy] = Field(default_factory=dict)
+
+    def for_tenant(self, tenant: str) -> SpeculationPolicy:
+        return self.policies.get(tenant) or self.policies.get(DEFAULT_TENANT) or SpeculationPolicy()
+
+
+def resolve_policy(tenant: str, published: PolicySet, configured: dict[str, SpeculationPolicy]) -> SpeculationPolicy:
+    """The policy a tenant's requests get. Precedence, lowest first: built-in
+    default (speculate, no caps) -> the tenant's `speculation:` block in the
+    config -> the published set's entry for the tenant; the published `*`
+    entry applies only to tenants that neither the published set nor the
+    config names."""
+    if tenant in published.policies:
+        return published.policies[tenant]
+    if tenant in configured:
+        return configured[tenant]
+    if DEFAULT_TENANT in published.policies:
+        return published.policies[DEFAULT_TENANT]
+    return configured.get(DEFAULT_TENANT) or SpeculationPolicy()
+
+
+async def load_policies(store: Store) -> PolicySet:
+    raw: Any = await store.get_json(POLICIES_KEY)
+    return PolicySet.model_validate(raw) if raw else PolicySet()
+
+
+async def publish_policies(store: Store, policies: dict[str, SpeculationPolicy]) -> PolicySet:
+    """Write a new version and notify subscribers. Returns what was written."""
+    version = await store.incr(POLICIES_VERSION_KEY)
+    policy_set = PolicySet(version=version, policies=policies)
+    await store.set_json(POLICIES_KEY, policy_set.model_dump(mode="json"))
+    await store.publish(POLICIES_CHANNEL, {"version": version})
+    return policy_set

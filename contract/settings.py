@@ -1,0 +1,362 @@
+"""specgate's one settings tree: `SPECGATE_*` environment variables plus an
+optional YAML file (`SPECGATE_CONFIG=path` or `--config path`).
+
+    replicas, tenants, admin_key, redis_url, redis_prefix, log_level   shared
+    gateway:     the data plane (timeouts, failover, health, routing, budgets, tracing)
+    controller:  the control plane (tick, leadership, cost model)
+      decision:      the pure decision's margins, hysteresis and grids
+      restart_gate:  when a recommended profile change pays back a restart
+    sim:         simulated replicas (`specgate up`, `specgate sim-replica`)
+
+Every default is stated once, here. Nested settings are reached from the
+environment with `__` (`SPECGATE_GATEWAY__READ_TIMEOUT_S=60`,
+`SPECGATE_CONTROLLER__DECISION__MIN_DWELL_S=10`) and from YAML as nested
+mappings. Precedence (highest first): explicit keyword arguments, the
+environment, the YAML file, defaults. docs/configuration.md is generated
+from this module (`specgate config-doc`) and a test keeps the two equal.
+
+Invalid configuration fails at start-up with `ConfigError`, whose message
+names every offending field by its dotted path (`tenants.1.requests_per_minute:
+...`), because a process that starts with a half-understood config silently
+misroutes or unlimits tenants. Replica profiles are parsed by the one label
+parser (`contract.profiles`), so the gateway and the controller reject an
+unsupported profile alike.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import socket
+import uuid
+from pathlib import Path
+from typing import Any, Literal
+from urllib.parse import urlsplit
+
+import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
+
+from .policy import SpeculationPolicy
+from .profiles import parse_profile
+
+# The cost-model preset every part falls back to (drafters.costmodel names).
+DEFAULT_GPU = "h200"
+DEFAULT_MODEL = "qwen3-8b"
+
+
+class ConfigError(ValueError):
+    """Start-up configuration is invalid; the message names the fields."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ReplicaConfig(_Strict):
+    """One vLLM replica. `model` None = learn the served model(s) from its /v1/models."""
+
+    url: str
+    name: str | None = None
+    model: str | None = None
+    profile: str | None = Field(
+        default=None, description="speculation profile label: off, dspark-b4, dspark-b8, dspark-b16 (+ '-av')"
+    )
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, value: str) -> str:
+        parts = urlsplit(value)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError("must be an http(s) URL such as http://127.0.0.1:8000")
+        return value.rstrip("/")
+
+    @field_validator("profile", mode="before")
+    @classmethod
+    def _profile(cls, value: Any) -> str | None:
+        if value is None:
+            return None
+        if value is False:  # YAML reads an unquoted `off` as false
+            return "off"
+        return parse_profile(value).label  # ValueError names the accepted labels
+
+    @model_validator(mode="after")
+    def _default_name(self) -> "ReplicaConfig":
+        if not self.name:
+            parts = urlsplit(self.url)
+            self.name = f"{parts.hostname}:{parts.port or (443 if parts.scheme == 'https' else 80)}"
+        return self
+
+
+class TenantConfig(_Strict):
+    """A tenant. Only the SHA-256 of its API key is stored (`specgate hash-key` prints it)."""
+
+    id: str = Field(min_length=1)
+    api_key_sha256: str
+    requests_per_minute: int = Field(default=0, ge=0, description="0 = unlimited")
+    tokens_per_minute: int = Field(default=0, ge=0, description="prompt + completion tokens; 0 = unlimited")
+    tpot_target_ms: float | None = Field(default=None, gt=0)
+    speculation: SpeculationPolicy | None = Field(
+        default=None, description="config default speculation policy (the controller's policy overrides it)"
+    )
+
+    @field_validator("api_key_sha256")
+    @classmethod
+    def _hash(cls, value: str) -> str:
+        value = value.strip().lower()
+        if len(value) != 64 or any(c not in "0123456789abcdef" for c in value):
+            raise ValueError("must be the 64-hex-digit SHA-256 of the API key, not the key itself")
+        return value
+
+
+class TracingConfig(_Strict):
+    enabled: bool = False
+    exporter: Literal["none", "console", "otlp"] = "none"
+    otlp_endpoint: str | None = None
+    sample_ratio: float = Field(default=1.0, ge=0.0, le=1.0, description="share of new traces recorded (parent decision wins)")
+    service_name: str = "specgate-gateway"
+
+
+class GatewaySettings(_Strict):
+    """The data plane."""
+
+    allow_anonymous: bool = Field(
+        default=True,
+        description="with NO tenants configured, serve every caller as tenant 'anonymous' (like vLLM without --api-key); "
+        "ignored as soon as one tenant is configured",
+    )
+    # Timeouts (seconds).
+    connect_timeout_s: float = Field(default=2.0, gt=0)
+    first_byte_timeout_s: float = Field(default=300.0, gt=0, description="until upstream response headers")
+    read_timeout_s: float = Field(default=300.0, gt=0, description="max gap between upstream body chunks")
+    # Resilience.
+    max_attempts: int = Field(default=3, ge=1, le=10, description="attempts across replicas before the first byte")
+    retry_backoff_base_s: float = Field(default=0.05, ge=0)
+    retry_backoff_max_s: float = Field(default=1.0, ge=0)
+    breaker_failures: int = Field(default=5, ge=1, description="consecutive failures that open a replica's breaker")
+    breaker_open_s: float = Field(default=30.0, gt=0)
+    # Health and load.
+    health_interval_s: float = Field(default=2.0, gt=0, description="liveness checks (/health, /v1/models)")
+    health_timeout_s: float = Field(default=2.0, gt=0)
+    health_fail_threshold: int = Field(default=3, ge=1)
+    health_success_threshold: int = Field(default=2, ge=1)
+    metrics_interval_s: float = Field(
+        default=1.0, gt=0, description="replica /metrics scrape (routing load; also the embedded controller's input)"
+    )
+    policy_poll_s: float = Field(default=1.0, gt=0, description="policy version poll (pub/sub is the fast path)")
+    # Routing.
+    routing: Literal["least_load", "prefix_affinity", "session_affinity"] = "least_load"
+    session_header: str = "x-session-id"
+    prefix_chars: int = Field(default=256, ge=16)
+    # Admission.
+    max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
+    default_max_tokens: int = Field(default=256, ge=1, description="completion estimate when max_tokens is absent")
+    budget_window_s: int = Field(default=60, ge=1)
+    budget_lease_fraction: float = Field(
+        default=0.01,
+        ge=0,
+        le=0.25,
+        description="largest share of a tenant's per-minute limits one instance may pre-reserve in Redis and admit from "
+        "locally (0 = a Redis round trip for every request); tenants whose limits are too small to lease are decided per request",
+    )
+    budget_lease_s: float = Field(default=1.0, gt=0, le=10, description="a budget lease covers about this much traffic and is returned after this long unused")
+    # Observability.
+    metrics_top_tenants: int = Field(default=20, ge=1, description="tenants with their own metric label; the rest are 'other'")
+    telemetry_flush_s: float = Field(default=0.5, gt=0, description="how often per-request telemetry is flushed to the store")
+    tracing: TracingConfig = Field(default_factory=TracingConfig)
+    access_log: bool = Field(default=False, description="one JSON line per request (never keys or prompts)")
+    # Upstream HTTP client.
+    upstream_pool_size: int = Field(default=256, ge=1)
+    upstream_client: Literal["aiohttp", "httpx"] = "aiohttp"
+
+
+class DecisionSettings(_Strict):
+    """The pure decision's margins, hysteresis and search grids (controller/decision)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    draft_caps: tuple[int, ...] = Field(default=(2, 4, 8, 16), description="per-request draft caps the optimizer tries")
+    on_margin: float = Field(default=0.05, ge=0, description="predicted gain needed to turn speculation on")
+    off_margin: float = Field(default=0.03, ge=0, description="predicted gain of 'off' needed to turn speculation off")
+    retune_margin: float = Field(default=0.05, ge=0, description="predicted gain needed to change the draft cap")
+    strong_margin: float = Field(default=0.15, ge=0, description="a gain this large acts after strong_ticks, bypassing dwell")
+    confirm_ticks: int = Field(default=3, ge=1, description="consecutive ticks a change must win before it is made")
+    min_dwell_s: float = Field(default=30.0, ge=0, description="seconds a policy stays before a normal change")
+    slo_budget: float = Field(default=0.10, ge=0, description="share of a TPOT target kept as headroom")
+    large_draft: int = Field(default=8, ge=1, description="drafts longer than this only while rho < large_draft_rho")
+    large_draft_rho: float = Field(default=0.5, ge=0)
+    theta_step: float = Field(default=0.05, gt=0, description="confidence floors are published on this grid")
+    theta_max: float = Field(default=0.9, ge=0, le=1)
+    theta_min_change: float = Field(default=0.2, ge=0, description="re-publish a floor only when it moves this much (or k changes)")
+    theta_min_gain: float = Field(default=0.01, description="publish a floor only when it beats no floor by this much (predicted; negative = always)")
+    thin_evidence_steps: float = Field(default=200.0, ge=0, description="below this many effective steps, margins widen")
+    thin_extra_margin: float = Field(default=0.05, ge=0)
+    min_batch: float = Field(default=1.0, gt=0)
+    plan_margin: float = Field(default=0.02, ge=0, description="predicted gain per converted replica before the fleet plan recommends a profile")
+    strong_ticks: int = Field(default=2, ge=1, description="consecutive strong ticks that bypass smoothing (and, to turn off, dwell)")
+    smoothing: float = Field(default=0.2, gt=0, le=1, description="EMA weight of the newest tick in the candidates' relative goodput")
+    max_batch_grid: tuple[int, ...] | None = Field(
+        default=(4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512),
+        description="grid of the per-tenant load threshold (specgate_max_batch); null disables it",
+    )
+
+
+class RestartGateSettings(_Strict):
+    """When a recommended profile change pays back its restart (controller/actuation.py PlanGate)."""
+
+    restart_s: float = Field(default=30.0, gt=0, description="a replica's downtime for one restart")
+    payback: float = Field(default=1.0, gt=0, description="multiple of the downtime the streak's credit must reach")
+    min_gain: float = Field(default=1.05, ge=1, description="mean predicted gain over the streak")
+    min_interval_s: float = Field(default=120.0, ge=0, description="no replica restarted again within this")
+    min_confirm_s: float = Field(default=30.0, ge=0, description="shortest streak that may trigger a restart")
+    min_loss: float = Field(default=0.8, ge=0, le=1, description="floor of the downtime's charged share of goodput")
+    grace_s: float = Field(default=15.0, ge=0, description="dips shorter than this do not end a streak")
+
+
+class ControllerSettings(_Strict):
+    """The control plane."""
+
+    tick_s: float = Field(default=1.0, gt=0, description="seconds between decisions")
+    lock_ttl_s: float | None = Field(default=None, gt=0, description="leader lock TTL; default 3 ticks (min 1 s)")
+    instance_id: str = Field(
+        default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}",
+        description="this instance's leader-lock identity (default host-pid-random)",
+    )
+    gpu: str = Field(default=DEFAULT_GPU, description="cost-model GPU preset (drafters.costmodel: h100, h200, ...)")
+    model: str = Field(default=DEFAULT_MODEL, description="cost-model target preset (qwen3-8b, qwen3-14b, ...)")
+    scrape_timeout_s: float = Field(default=1.0, gt=0, description="standalone controller's replica /metrics timeout")
+    dcgm_url: str | None = Field(default=None, description="dcgm-exporter base URL whose gauges overlay every replica")
+    half_life_s: float = Field(default=300.0, gt=0, description="half-life of the per-tenant acceptance estimates")
+    top_tenants: int = Field(default=20, ge=1, description="tenants with their own controller metric label")
+    unhealthy_after_failures: int = Field(default=3, ge=1, description="consecutive failed scrapes that mark a replica unhealthy")
+    decision: DecisionSettings = Field(default_factory=DecisionSettings)
+    restart_gate: RestartGateSettings = Field(default_factory=RestartGateSettings)
+
+    @property
+    def ttl_s(self) -> float:
+        return self.lock_ttl_s or max(1.0, 3 * self.tick_s)
+
+
+class SimSettings(_Strict):
+    """Simulated replicas (drafters/sim): the defaults of `specgate sim-replica` and of `specgate up`'s fleet."""
+
+    gpu: str = Field(default=DEFAULT_GPU, description="simulated GPU preset")
+    model: str = Field(default=DEFAULT_MODEL, description="simulated target preset")
+    time_scale: float = Field(default=1.0, gt=0, description="wall seconds per simulated second (2.0 = twice as slow)")
+    default_workload: str = Field(default="chat", description="workload of requests that name none")
+    max_num_seqs: int = Field(default=256, ge=1)
+    max_num_batched_tokens: int = Field(default=8192, ge=1)
+    max_model_len: int = Field(default=32768, ge=1)
+    default_output_mean: float = Field(default=200.0, gt=0, description="natural output length (lognormal mean) when max_tokens does not pin it")
+    seed: int = 0
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="SPECGATE_", env_nested_delimiter="__", extra="forbid", validate_default=True
+    )
+
+    replicas: list[ReplicaConfig] = Field(default_factory=list)
+    tenants: list[TenantConfig] = Field(default_factory=list)
+    admin_key: str | None = Field(default=None, description="bearer key for /admin; None closes the admin API")
+    redis_url: str | None = Field(default=None, description="None -> embedded in-memory store (one process)")
+    redis_prefix: str = "specgate:"
+    log_level: str = "INFO"
+    gateway: GatewaySettings = Field(default_factory=GatewaySettings)
+    controller: ControllerSettings = Field(default_factory=ControllerSettings)
+    sim: SimSettings = Field(default_factory=SimSettings)
+
+    @model_validator(mode="after")
+    def _unique(self) -> "Settings":
+        names = [r.name for r in self.replicas]
+        dup = {n for n in names if names.count(n) > 1}
+        if dup:
+            raise ValueError(f"replica names must be unique, duplicated: {sorted(dup)}")
+        ids = [t.id for t in self.tenants]
+        if len(set(ids)) != len(ids):
+            raise ValueError("tenant ids must be unique")
+        hashes = [t.api_key_sha256 for t in self.tenants]
+        if len(set(hashes)) != len(hashes):
+            raise ValueError("two tenants share one api_key_sha256")
+        return self
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return (init_settings, env_settings, _YamlSource(settings_cls))
+
+
+class _YamlSource(PydanticBaseSettingsSource):
+    """Reads the YAML named by SPECGATE_CONFIG (set by `--config`)."""
+
+    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:  # pragma: no cover - unused
+        return None, field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        path = os.environ.get("SPECGATE_CONFIG")
+        if not path:
+            return {}
+        return read_yaml(path)
+
+
+def read_yaml(path: str | os.PathLike[str]) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+    except OSError as exc:
+        raise ConfigError(f"config file {path}: {exc.strerror}") from exc
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config file {path}: not valid YAML: {exc}") from exc
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path}: top level must be a mapping of setting names")
+    return data
+
+
+def describe_error(exc: ValidationError) -> str:
+    lines = []
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err["loc"]) or "(root)"
+        msg = err["msg"]
+        if err["type"] == "extra_forbidden":
+            msg = "unknown setting (check the spelling and the section: gateway, controller, controller.decision, sim)"
+        lines.append(f"  {loc}: {msg}")
+    return "invalid specgate configuration:\n" + "\n".join(lines)
+
+
+def load_settings(config_path: str | os.PathLike[str] | None = None, **overrides: Any) -> Settings:
+    """Build Settings from env + YAML (+ overrides); raise ConfigError naming bad fields."""
+    old = os.environ.get("SPECGATE_CONFIG")
+    try:
+        if config_path is not None:
+            os.environ["SPECGATE_CONFIG"] = str(config_path)
+        return Settings(**overrides)
+    except ValidationError as exc:
+        raise ConfigError(describe_error(exc)) from None
+    finally:
+        if config_path is not None:
+            if old is None:
+                os.environ.pop("SPECGATE_CONFIG", None)
+            else:
+                os.environ["SPECGATE_CONFIG"] = old
+
+
+def hash_key(api_key: str) -> str:
+    return hashlib.sha256(api_key.encode()).hexdigest()

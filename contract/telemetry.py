@@ -1,0 +1,121 @@
+"""Per-request speculation telemetry, accumulated as monotonic counters.
+
+The gateway adds each finished request's `metrics.speculative_decoding`
+(and usage) to counters keyed by (tenant, replica); the controller reads the
+counters and differentiates them itself, exactly as it does with vLLM's
+Prometheus counters. Counters (not events) keep the store bounded and make
+several gateway instances add up without coordination.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from .keys import TELEMETRY_INDEX_KEY as INDEX_KEY
+from .keys import telemetry_counters_key as counters_key
+from .store import Store
+
+COUNTER_FIELDS = (
+    "requests",
+    "prompt_tokens",
+    "completion_tokens",
+    "spec_requests",  # requests that carried metrics.speculative_decoding
+    "num_spec_steps",  # verification steps (drafts) across those requests
+    "num_draft_tokens",
+    "num_accepted_draft_tokens",
+)
+
+
+@dataclass(frozen=True)
+class RequestSpecStats:
+    """One finished request, as the gateway saw it."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    num_spec_steps: int | None = None
+    num_draft_tokens: int | None = None
+    num_accepted_draft_tokens: int | None = None
+
+    @classmethod
+    def from_response(cls, usage: Any, metrics: Any) -> "RequestSpecStats":
+        """Build from an OpenAI `usage` object and vLLM's `metrics` object.
+
+        Replica data is untrusted: a field of the wrong type or sign counts as
+        absent rather than failing the request after its response was sent.
+        """
+        usage = usage if isinstance(usage, dict) else {}
+        spec = metrics.get("speculative_decoding") if isinstance(metrics, dict) else None
+        spec = spec if isinstance(spec, dict) else {}
+        steps = _count(spec.get("num_spec_steps"))
+        drafted = _count(spec.get("num_draft_tokens"))
+        accepted = _count(spec.get("num_accepted_draft_tokens"))
+        if steps is None and drafted is not None:
+            # Older summaries: derive steps from the mean acceptance length.
+            mal = spec.get("mean_acceptance_length")
+            if isinstance(mal, (int, float)) and mal > 1 and accepted is not None:
+                steps = round(accepted / (mal - 1))
+        return cls(
+            prompt_tokens=_count(usage.get("prompt_tokens")) or 0,
+            completion_tokens=_count(usage.get("completion_tokens")) or 0,
+            num_spec_steps=steps,
+            num_draft_tokens=drafted,
+            num_accepted_draft_tokens=accepted,
+        )
+
+
+def _count(value: Any) -> int | None:
+    """A non-negative integer count, or None for anything else (bools included)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value or value < 0:
+        return None
+    return int(value)
+
+
+@dataclass
+class TelemetryCounters:
+    tenant: str
+    replica: str
+    values: dict[str, float] = field(default_factory=dict)
+
+    def get(self, name: str) -> float:
+        return self.values.get(name, 0.0)
+
+    @property
+    def acceptance_length(self) -> float | None:
+        steps = self.get("num_spec_steps")
+        return 1.0 + self.get("num_accepted_draft_tokens") / steps if steps else None
+
+
+def increments_for(stats: RequestSpecStats) -> dict[str, float]:
+    """The counter increments one finished request contributes."""
+    increments: dict[str, float] = {
+        "requests": 1,
+        "prompt_tokens": stats.prompt_tokens,
+        "completion_tokens": stats.completion_tokens,
+    }
+    if stats.num_draft_tokens is not None:
+        increments.update(
+            spec_requests=1,
+            num_spec_steps=stats.num_spec_steps or 0,
+            num_draft_tokens=stats.num_draft_tokens,
+            num_accepted_draft_tokens=stats.num_accepted_draft_tokens or 0,
+        )
+    return increments
+
+
+async def record_increments(store: Store, tenant: str, replica: str, increments: Mapping[str, float]) -> None:
+    """Add pre-summed increments (a gateway batching many requests between flushes)."""
+    await store.sadd(INDEX_KEY, f"{tenant}|{replica}")
+    await store.hincr(counters_key(tenant, replica), increments)
+
+
+async def record_request(store: Store, tenant: str, replica: str, stats: RequestSpecStats) -> None:
+    await record_increments(store, tenant, replica, increments_for(stats))
+
+
+async def read_all(store: Store) -> list[TelemetryCounters]:
+    result = []
+    for member in sorted(await store.smembers(INDEX_KEY)):
+        tenant, _, replica = member.partition("|")
+        result.append(TelemetryCounters(tenant, replica, await store.hgetall(counters_key(tenant, replica))))
+    return result

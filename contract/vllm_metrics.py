@@ -1,0 +1,120 @@
+"""Parse a replica's Prometheus exposition (vLLM's `/metrics`, plus the
+simulator's dcgm-style gauges and the specgate extension's info gauge) into
+one snapshot that both the gateway (load for routing) and the controller
+(acceptance, regime) consume.
+
+Parsing uses prometheus_client's own text parser; values are summed across
+the `engine` label (data-parallel engines behind one API server) and across
+`model_name` (one served model per replica in practice).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+
+@dataclass
+class VllmMetricsSnapshot:
+    num_requests_running: float = 0.0
+    num_requests_waiting: float = 0.0
+    kv_cache_usage_perc: float = 0.0
+    # Counters (cumulative; consumers differentiate them).
+    spec_num_drafts: float | None = None
+    spec_num_draft_tokens: float | None = None
+    spec_num_accepted_tokens: float | None = None
+    spec_accepted_per_pos: dict[int, float] = field(default_factory=dict)
+    iteration_tokens_sum: float | None = None  # sum of tokens over all engine steps
+    iteration_tokens_count: float | None = None  # number of engine steps
+    generation_tokens: float | None = None
+    prompt_tokens: float | None = None
+    # GPU gauges (dcgm-exporter names), when the endpoint carries them.
+    gpu_util: float | None = None
+    sm_active: float | None = None
+    tensor_active: float | None = None
+    dram_active: float | None = None
+    # specgate vLLM extension discovery.
+    ext_version: str | None = None
+    ext_knobs: frozenset[str] = frozenset()
+    model_names: frozenset[str] = frozenset()
+
+    @property
+    def supports_knobs(self) -> bool:
+        return "max_draft" in self.ext_knobs
+
+
+_GAUGES = {
+    "vllm:num_requests_running": "num_requests_running",
+    "vllm:num_requests_waiting": "num_requests_waiting",
+    "vllm:kv_cache_usage_perc": "kv_cache_usage_perc",
+    "vllm:gpu_cache_usage_perc": "kv_cache_usage_perc",  # pre-0.10 name
+    "DCGM_FI_DEV_GPU_UTIL": "gpu_util",
+    "DCGM_FI_PROF_SM_ACTIVE": "sm_active",
+    "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE": "tensor_active",
+    "DCGM_FI_PROF_DRAM_ACTIVE": "dram_active",
+}
+_COUNTERS = {
+    "vllm:spec_decode_num_drafts": "spec_num_drafts",
+    "vllm:spec_decode_num_draft_tokens": "spec_num_draft_tokens",
+    "vllm:spec_decode_num_accepted_tokens": "spec_num_accepted_tokens",
+    "vllm:generation_tokens": "generation_tokens",
+    "vllm:prompt_tokens": "prompt_tokens",
+}
+
+
+def parse_vllm_metrics(text: str) -> VllmMetricsSnapshot:
+    snap = VllmMetricsSnapshot()
+    models: set[str] = set()
+    sums: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            name, labels, value = sample.name, sample.labels, sample.value
+            if not math.isfinite(value):
+                continue  # NaN/Inf are legal in the exposition (DCGM emits them); never let one poison an estimate
+            if "model_name" in labels:
+                models.add(labels["model_name"])
+            if family.name in _GAUGES and name == family.name:
+                attr = _GAUGES[family.name]
+                sums[attr] = sums.get(attr, 0.0) + value
+            elif family.name in _COUNTERS and name == family.name + "_total":
+                attr = _COUNTERS[family.name]
+                sums[attr] = sums.get(attr, 0.0) + value
+            elif family.name == "vllm:spec_decode_num_accepted_tokens_per_pos" and name.endswith("_total"):
+                pos = int(labels.get("position", 0))
+                snap.spec_accepted_per_pos[pos] = snap.spec_accepted_per_pos.get(pos, 0.0) + value
+            elif family.name == "vllm:iteration_tokens_total":
+                if name.endswith("_sum"):
+                    sums["iteration_tokens_sum"] = sums.get("iteration_tokens_sum", 0.0) + value
+                elif name.endswith("_count"):
+                    sums["iteration_tokens_count"] = sums.get("iteration_tokens_count", 0.0) + value
+            elif family.name == "specgate_ext_info" and name == "specgate_ext_info" and value > 0:
+                snap.ext_version = labels.get("version")
+                snap.ext_knobs = frozenset(k for k in labels.get("knobs", "").split(",") if k)
+    # GPU gauges are averaged over devices rather than summed.
+    for attr in ("gpu_util", "sm_active", "tensor_active", "dram_active"):
+        if attr in sums:
+            count = _count_samples(text, attr)
+            sums[attr] = sums[attr] / max(count, 1)
+    for attr, value in sums.items():
+        setattr(snap, attr, value)
+    snap.model_names = frozenset(models)
+    return snap
+
+
+def _count_samples(text: str, attr: str) -> int:
+    name = next(k for k, v in _GAUGES.items() if v == attr)
+    return sum(1 for line in text.splitlines() if line.startswith(name + "{") or line.startswith(name + " "))
+
+
+async def fetch_metrics(client: httpx.AsyncClient, url: str, timeout_s: float = 2.0) -> VllmMetricsSnapshot | None:
+    """GET `<url>/metrics` and parse it; None when unreachable or unparsable."""
+    try:
+        resp = await client.get(url.rstrip("/") + "/metrics", timeout=timeout_s)
+        if resp.status_code != 200:
+            return None
+        return parse_vllm_metrics(resp.text)
+    except (httpx.HTTPError, ValueError):
+        return None

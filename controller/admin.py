@@ -1,0 +1,274 @@
+"""Admin REST API under `/admin`: the controller's user interface.
+
+The controller owns policies and overrides: this router reads what the
+controller keeps in the store (last decision per tenant, bounded change
+history, replica regimes, fleet plan) and writes overrides and the pause
+flag, each audited (who/when/what) in a capped log. An override that pins a
+tenant is applied to the published policy at once (through
+`contract.overrides.apply_override`, the rule the decision uses too), so it
+takes effect within one policy-propagation interval even if no controller
+is running; the controller then keeps honouring it on every tick.
+
+Every route requires `Authorization: Bearer <admin_key>`: a missing or wrong
+key is 401, a *tenant's* API key is 403 (authenticated, not allowed), and
+with no admin key configured the API is closed (401). Errors are
+OpenAI-shaped (`contract.errors`) by the hosting app's handlers.
+
+The router is mounted by whoever hosts it -- the single-node process
+(`specgate.node`, beside the gateway's routes) or the standalone controller
+(`controller.admin_app`) -- which puts an `AdminHost` on `app.state.admin`:
+the few things the API needs from its host, so the router never imports the
+gateway.
+"""
+
+from __future__ import annotations
+
+import hmac
+import time
+from typing import Any, Protocol
+
+from fastapi import APIRouter, Body, Depends, HTTPException, Query, Request
+from fastapi.responses import Response
+from pydantic import ValidationError
+
+from contract.keys import (
+    AUDIT_KEY,
+    AUDIT_MAX,
+    FLEET_PLAN_KEY,
+    HISTORY_KEY,
+    HISTORY_MAX,
+    LAST_DECISIONS_KEY,
+    LEADER_KEY,
+    REPLICAS_KEY,
+    STATUS_KEY,
+)
+from contract.overrides import (
+    FleetShape,
+    TenantOverride,
+    apply_override,
+    load_overrides,
+    set_override,
+)
+from contract.policy import (
+    DEFAULT_TENANT,
+    PolicySet,
+    SpeculationPolicy,
+    load_policies,
+    publish_policies,
+)
+from contract.settings import Settings
+from contract.store import Store
+
+from .audit import audit, is_paused, set_paused
+
+router = APIRouter(prefix="/admin")
+
+
+class AdminHost(Protocol):
+    """What the admin API needs from the process that serves it."""
+
+    settings: Settings
+
+    @property
+    def store(self) -> Store | None: ...
+
+    def is_tenant_key(self, authorization: bytes) -> bool:
+        """Whether the header authenticates a tenant (so a 403, not a 401)."""
+        ...
+
+    def replicas(self) -> list[dict[str, Any]]:
+        """Each replica as the host knows it (name first; health, load, ...)."""
+        ...
+
+    async def policies(self) -> PolicySet:
+        """The published policy set as the host sees it now."""
+        ...
+
+    def policy_for(self, tenant: str, published: PolicySet) -> SpeculationPolicy:
+        """The policy the tenant's requests get (config defaults included)."""
+        ...
+
+    @property
+    def controller(self) -> Any | None:
+        """The controller running in this process, if any."""
+        ...
+
+
+def _host(request: Request) -> AdminHost:
+    return request.app.state.admin
+
+
+def require_admin(request: Request) -> str:
+    """Returns the audit identity of the caller (X-Admin-User or 'admin', plus client address)."""
+    host = _host(request)
+    key = host.settings.admin_key
+    raw = request.headers.get("authorization", "")
+    scheme, _, presented = raw.partition(" ")
+    presented = presented.strip()
+    if key and scheme.lower() == "bearer" and hmac.compare_digest(presented.encode(), key.encode()):
+        user = request.headers.get("x-admin-user", "admin")[:64]
+        client = request.client.host if request.client else "?"
+        return f"{user}@{client}"
+    if scheme.lower() == "bearer" and presented and host.is_tenant_key(raw.encode("latin-1", "replace")):
+        raise HTTPException(status_code=403, detail="tenant API keys cannot use the admin API")
+    raise HTTPException(status_code=401, detail="admin key required: send 'Authorization: Bearer <admin_key>'")
+
+
+def _store(request: Request) -> Store:
+    store = _host(request).store
+    if store is None:
+        raise HTTPException(status_code=503, detail="store not started")
+    return store
+
+
+async def _known_tenants(request: Request) -> dict[str, dict[str, Any]]:
+    host = _host(request)
+    store = _store(request)
+    last = await store.get_json(LAST_DECISIONS_KEY) or {}
+    overrides = await load_overrides(store)
+    published = await host.policies()
+    tenants: dict[str, dict[str, Any]] = {}
+    configured = {t.id: t for t in host.settings.tenants}
+    for tenant in sorted(set(configured) | set(last) | set(overrides) | set(published.policies)):
+        decision = last.get(tenant) or {}
+        numbers = decision.get("numbers") or {}
+        cfg = configured.get(tenant)
+        tenants[tenant] = {
+            "tenant": tenant,
+            "policy": host.policy_for(tenant, published).model_dump(mode="json"),
+            "override": overrides[tenant].model_dump(mode="json") if tenant in overrides else {"mode": "auto"},
+            "measured_acceptance": numbers.get("acceptance"),
+            "evidence_steps": numbers.get("evidence_steps"),
+            "tpot_target_ms": cfg.tpot_target_ms if cfg else None,
+            "last_decision": {
+                "at": decision.get("at"),
+                "reason": decision.get("reason"),
+                "numbers": numbers,
+            }
+            if decision
+            else None,
+        }
+    return tenants
+
+
+@router.get("/health")
+async def admin_health(request: Request, who: str = Depends(require_admin)) -> dict:
+    host = _host(request)
+    return {"status": "ok", "replicas": host.replicas(), "policy_version": (await host.policies()).version}
+
+
+@router.get("/tenants")
+async def list_tenants(request: Request, who: str = Depends(require_admin)) -> dict:
+    tenants = await _known_tenants(request)
+    return {"object": "list", "data": list(tenants.values())}
+
+
+@router.get("/tenants/{tenant}")
+async def get_tenant(tenant: str, request: Request, who: str = Depends(require_admin)) -> dict:
+    tenants = await _known_tenants(request)
+    if tenant not in tenants:
+        raise HTTPException(status_code=404, detail=f"unknown tenant {tenant!r}")
+    return tenants[tenant]
+
+
+@router.put("/tenants/{tenant}/override")
+async def put_override(
+    tenant: str, request: Request, body: dict = Body(...), who: str = Depends(require_admin)
+) -> dict:
+    store = _store(request)
+    if tenant != DEFAULT_TENANT and not tenant.strip():
+        raise HTTPException(status_code=400, detail="tenant must be non-empty")
+    try:
+        ov = TenantOverride.model_validate({**{k: v for k, v in body.items() if k not in ("by", "at")}})
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = ".".join(str(p) for p in first["loc"]) or "body"
+        raise HTTPException(status_code=400, detail=f"{field}: {first['msg']}") from None
+    ov = ov.model_copy(update={"by": who, "at": time.time()})
+    await set_override(store, tenant, ov)
+    applied = None
+    published = await load_policies(store)
+    live = [r.get("profile") for r in _host(request).replicas() if r.get("healthy") is not False]
+    pinned = apply_override(published.for_tenant(tenant), ov, FleetShape.of_profiles(live))
+    if pinned is not None:
+        result = await publish_policies(store, {**published.policies, tenant: pinned})
+        applied = {"version": result.version, "policy": pinned.model_dump(mode="json")}
+    entry = await audit(store, who, "override", tenant, {"override": ov.model_dump(mode="json"), "applied": applied})
+    return {"tenant": tenant, "override": ov.model_dump(mode="json"), "applied": applied, "audit": entry}
+
+
+@router.delete("/tenants/{tenant}/override")
+async def delete_override(tenant: str, request: Request, who: str = Depends(require_admin)) -> dict:
+    store = _store(request)
+    await set_override(store, tenant, TenantOverride(mode="auto"))
+    entry = await audit(store, who, "override", tenant, {"override": {"mode": "auto"}})
+    return {"tenant": tenant, "override": {"mode": "auto"}, "audit": entry}
+
+
+@router.get("/replicas")
+async def list_replicas(request: Request, who: str = Depends(require_admin)) -> dict:
+    regimes = await _store(request).get_json(REPLICAS_KEY) or {}
+    data = [{**desc, "regime": regimes.get(desc["name"])} for desc in _host(request).replicas()]
+    known = {d.get("name") for d in data}
+    data.extend({"name": n, "regime": reg} for n, reg in regimes.items() if n not in known)
+    return {"object": "list", "data": data}
+
+
+@router.get("/decisions")
+async def decision_history(
+    request: Request,
+    limit: int = Query(100, ge=1, le=HISTORY_MAX),
+    tenant: str | None = None,
+    who: str = Depends(require_admin),
+) -> dict:
+    history = await _store(request).recent(HISTORY_KEY, HISTORY_MAX if tenant else limit)
+    if tenant:
+        history = [h for h in history if h.get("tenant") == tenant][:limit]
+    return {"object": "list", "data": history}
+
+
+@router.get("/audit")
+async def audit_log(request: Request, limit: int = Query(100, ge=1, le=AUDIT_MAX), who: str = Depends(require_admin)) -> dict:
+    return {"object": "list", "data": await _store(request).recent(AUDIT_KEY, limit)}
+
+
+@router.get("/controller")
+async def controller_status(request: Request, who: str = Depends(require_admin)) -> dict:
+    store = _store(request)
+    return {
+        "leader": await store.lock_owner(LEADER_KEY),
+        "paused": await is_paused(store),
+        "status": await store.get_json(STATUS_KEY),
+        "fleet_plan": await store.get_json(FLEET_PLAN_KEY),
+        "policy_version": (await _host(request).policies()).version,
+    }
+
+
+@router.get("/fleet-plan")
+async def get_fleet_plan(request: Request, who: str = Depends(require_admin)) -> dict:
+    return await _store(request).get_json(FLEET_PLAN_KEY) or {"actuator": None, "replicas": {}}
+
+
+@router.post("/controller/pause")
+async def pause(request: Request, who: str = Depends(require_admin)) -> dict:
+    store = _store(request)
+    await set_paused(store, True, who)
+    entry = await audit(store, who, "pause", None, {})
+    return {"paused": True, "audit": entry}
+
+
+@router.post("/controller/resume")
+async def resume(request: Request, who: str = Depends(require_admin)) -> dict:
+    store = _store(request)
+    await set_paused(store, False, who)
+    entry = await audit(store, who, "resume", None, {})
+    return {"paused": False, "audit": entry}
+
+
+@router.get("/controller/metrics")
+async def embedded_metrics(request: Request, who: str = Depends(require_admin)):
+    """The in-process controller's own metrics (a standalone one also serves --metrics-port)."""
+    controller = _host(request).controller
+    if controller is None:
+        raise HTTPException(status_code=404, detail="no controller runs in this process")
+    return Response(controller.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")

@@ -1,0 +1,109 @@
+"""The controller's decision: measurements in, per-tenant policies out. PURE.
+
+No I/O, no clock, no randomness: `decide()` is a function of its arguments,
+so the live controller (`controller/service.py`), the table-driven tests and
+the discrete-event benchmark (`bench/control_sweep.py`) run literally the
+same code.
+
+`decide()` is a sequence of stages, one module each:
+
+- `context`: the tick's fleet (live replicas, candidate caps, acceptance,
+  current choices, knees);
+- `goodput`: the model that prices a joint choice of caps on one replica;
+- `optimizer`: the fleet's goodput-optimal caps per tenant, allowed caps
+  (admin bounds), TPOT and the SLO choice;
+- `hysteresis`: whether the proposal becomes the policy (margins, dwell,
+  confirmation, strong signals), and the same for floors and thresholds;
+- `floor`: the confidence floor theta* for the chosen cap, when it pays;
+- `threshold`: the batch above which everyone off would win (max_batch);
+- `assembly`: the published policy (routing, admin overrides), reason, record;
+- `fleet`: per-replica regime, fleet plan and downtime cost.
+"""
+
+from __future__ import annotations
+
+from contract.overrides import TenantOverride
+
+from . import assembly, hysteresis
+from .config import DecisionConfig
+from .context import FleetContext, fleet_context
+from .fleet import (
+    PLAN_PROFILES,
+    downtime_loss,
+    fleet_plan,
+    operating_rho,
+    replica_regimes,
+)
+from .floor import confidence_floor, marginal_theta
+from .goodput import (
+    GoodputModel,
+    ReplicaEval,
+    effective_cap,
+    regime_label,
+    replica_load,
+    run_batch,
+)
+from .optimizer import Optimizer, Plan, TenantProposal
+from .threshold import LoadThresholds, spec_max_batch
+from .views import (
+    FULL,
+    CostFn,
+    Decision,
+    DecisionRecord,
+    ReplicaInput,
+    ReplicaRegime,
+    TenantState,
+    TenantView,
+    cap_label,
+)
+
+DEFAULT_CONFIG = DecisionConfig()
+
+
+def decide(
+    replicas: list[ReplicaInput],
+    tenants: list[TenantView],
+    state: dict[str, TenantState],
+    overrides: dict[str, TenantOverride],
+    now: float,
+    cfg: DecisionConfig = DEFAULT_CONFIG,
+) -> Decision:
+    ctx = fleet_context(replicas, tenants, state, cfg)
+    model = ctx.goodput_model()
+    opt = Optimizer(ctx, model, overrides, cfg)
+    plan = opt.propose()
+    rho = operating_rho(ctx, model, plan.proposal)
+    thresholds = LoadThresholds(model, cfg)
+
+    policies, new_state, records = {}, {}, []
+    for t in sorted(ctx.tenants):
+        prev, ov, view = state.get(t, TenantState()), overrides.get(t), ctx.tenants[t]
+        proposal = opt.tenant_proposal(t, plan, prev.k)
+        verdict = hysteresis.step(prev, proposal, cfg, now)
+        k = verdict.chosen
+        choice = {**plan.proposal, t: k}
+
+        theta_star, worth = confidence_floor(opt, t, k, plan.proposal, cfg)
+        theta, theta_ema = hysteresis.smooth_floor(prev, verdict, worth, cfg, now)
+        theta = assembly.clamp_floor(theta, ov, k)
+        max_batch = thresholds.for_choice(choice, ctx.homes[t]) if k > 0 else None
+        max_batch = hysteresis.steady_max_batch(prev, verdict, max_batch)
+
+        tenant_rho = {r.name: rho[r.name] for r in ctx.homes[t]}
+        policy = assembly.tenant_policy(ctx, verdict, proposal, ov, theta, max_batch, tenant_rho, view.acceptance)
+        changed = hysteresis.policy_changed(prev, policy)
+        new_state[t] = hysteresis.remember(prev, verdict, policy, theta, theta_ema, changed, now)
+        policies[t] = policy
+        tpot = opt.tpot_ms(choice, t, {**ctx.thetas, t: theta})
+        records.append(assembly.record(now, changed, policy, verdict, proposal, view, theta, theta_star, tenant_rho, tpot))
+
+    return Decision(policies, new_state, records, replica_regimes(ctx, model, new_state, cfg))
+
+
+__all__ = [
+    "FULL", "PLAN_PROFILES", "CostFn", "Decision", "DecisionConfig", "DecisionRecord", "FleetContext", "GoodputModel",
+    "LoadThresholds", "Optimizer", "Plan", "ReplicaEval", "ReplicaInput", "ReplicaRegime", "TenantProposal",
+    "TenantState", "TenantView", "cap_label", "confidence_floor", "decide", "downtime_loss", "effective_cap",
+    "fleet_context", "fleet_plan", "marginal_theta", "operating_rho", "regime_label", "replica_load", "run_batch",
+    "spec_max_batch",
+]

@@ -1,0 +1,101 @@
+"""Policy assembly: the published policy and the record that explains it.
+
+Why a stage: the cap, floor and load threshold are decided separately; the
+policy a gateway reads combines them with routing (which profile to prefer)
+and the operator's word. Admin overrides go through `contract.overrides` --
+`TenantOverride.allows_cap` for the caps the optimizer may pick,
+`clamp_confidence` for floors, `apply_override` for the policy -- so an
+override means the same here as in the admin API. Where `apply_override`
+cannot know the fleet, the decision's fleet knowledge is kept (see
+`with_override`).
+"""
+
+from __future__ import annotations
+
+import math
+
+from contract.overrides import FleetShape, TenantOverride, apply_override
+from contract.policy import SpeculationPolicy
+
+from .context import FleetContext
+from .goodput import regime_label
+from .hysteresis import Verdict
+from .optimizer import TenantProposal
+from .views import FULL, DecisionRecord, TenantView, cap_label
+
+
+def speculation_policy(k: int, theta: float | None, ctx: FleetContext, max_batch: int | None) -> SpeculationPolicy:
+    """The controller's own policy for cap k (0 = off: prefer the off pool if any)."""
+    if k <= 0:
+        return SpeculationPolicy(enabled=False, preferred_profile="off" if ctx.off_pool else None, max_draft=0)
+    spec = sorted({(r.block, r.profile) for r in ctx.live if r.block > 0})
+    fitting = [p for b, p in spec if b >= k]
+    preferred = fitting[0] if fitting and len(spec) > 1 else None
+    return SpeculationPolicy(
+        enabled=True, preferred_profile=preferred, max_draft=None if k >= FULL else min(k, ctx.max_block),
+        min_confidence=theta, max_batch=max_batch,
+    )
+
+
+def clamp_floor(theta: float | None, ov: TenantOverride | None, k: int) -> float | None:
+    """A drafting tenant's floor inside the override's confidence bounds."""
+    return ov.clamp_confidence(theta) if ov is not None and k > 0 else theta
+
+
+def with_override(policy: SpeculationPolicy, ov: TenantOverride | None, ctx: FleetContext) -> SpeculationPolicy:
+    """`apply_override` on the controller's policy, given the live fleet.
+
+    The caps and floors the decision picks already lie inside the override
+    (`allows_cap`, `clamp_confidence`), so `apply_override` mostly confirms
+    them; it also drops the load threshold of a tenant pinned on, routes a
+    tenant pinned off to the off pool, and caps at the largest live block.
+    """
+    return apply_override(policy, ov, FleetShape(off_pool=ctx.off_pool, max_block=ctx.max_block)) or policy
+
+
+def gain_vs_off(v: Verdict, p: TenantProposal) -> float:
+    """Predicted fleet goodput at the chosen cap over the tenant off."""
+    g_best = p.table.get(v.chosen, 0.0)
+    return g_best / p.g_off if p.g_off > 0 else 1.0
+
+
+def tenant_policy(
+    ctx: FleetContext, v: Verdict, p: TenantProposal, ov: TenantOverride | None, theta: float | None,
+    max_batch: int | None, rho: dict[str, float], acceptance: float,
+) -> SpeculationPolicy:
+    """The policy to publish for one tenant, with its reason and source."""
+    policy = with_override(speculation_policy(v.chosen, theta, ctx, max_batch), ov, ctx)
+    local_rho = max(rho.values(), default=0.0)
+    bits = [v.why, f"rho={local_rho:.2f} ({regime_label(local_rho)})", f"a={acceptance:.2f}", f"gain_vs_off={gain_vs_off(v, p):.2f}"]
+    if p.slo_note:
+        bits.append(p.slo_note)
+    # An `auto` override with bounds is the controller deciding inside them
+    # (unless it just had to move the tenant); `on`/`off` pins are the admin's.
+    source = "admin" if v.forced or (ov is not None and ov.mode != "auto") else "controller"
+    return policy.model_copy(update={"reason": "; ".join(bits), "source": source})
+
+
+def record(
+    now: float, changed: bool, policy: SpeculationPolicy, v: Verdict, p: TenantProposal, view: TenantView,
+    theta: float | None, theta_star: float, rho: dict[str, float], tpot_ms: float,
+) -> DecisionRecord:
+    numbers = {
+        "k": cap_label(v.chosen),
+        "proposed_k": cap_label(p.best),
+        "theta": theta,
+        "theta_star": theta_star or None,  # the floor's marginal-cost value, published only when it pays
+        "acceptance": round(view.acceptance, 4),
+        "evidence_steps": round(view.evidence_steps, 1),
+        "gain_vs_off": round(gain_vs_off(v, p), 4),
+        "improvement": None if math.isinf(v.improvement) else round(v.improvement, 4),
+        "traffic_share": round(p.share, 4),
+        "smoothed_improvement": {str(k): round(x, 4) for k, x in sorted(v.smoothed.items())},
+        "margin": v.margin,
+        "goodput_by_k": {cap_label(k): round(g, 1) for k, g in sorted(p.table.items())},
+        "rho": {name: round(r, 3) for name, r in rho.items()},
+        "predicted_tpot_ms": round(tpot_ms, 3),
+        "tpot_target_ms": view.tpot_target_ms,
+        "pending": [v.pending_k, v.pending_count] if v.pending_k is not None else None,
+        "max_batch": policy.max_batch,
+    }
+    return DecisionRecord(p.tenant, now, changed, policy, policy.reason, numbers)

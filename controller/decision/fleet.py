@@ -1,0 +1,143 @@
+"""Per-replica regimes and the fleet plan: which launch profile to run.
+
+Why: per-tenant caps tune speculation within the profiles the replicas were
+launched with; whether another profile (block size, adaptive verification,
+or no drafter at all) would serve the load better is a restart, decided by
+the actuation's payback gate (`controller/actuation.py`) from what this
+stage reports per replica: the regime (rho = tokens per step / knee), the
+recommended profile with its predicted gain, and what the replica's
+downtime would cost the fleet.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from .config import DecisionConfig
+from .context import FleetContext
+from .goodput import GoodputModel, regime_label, replica_load
+from .views import ReplicaInput, ReplicaRegime, TenantState
+
+PLAN_PROFILES: tuple[tuple[str, int, bool], ...] = (
+    ("off", 0, False),
+    ("dspark-b4-av", 4, True), ("dspark-b8-av", 8, True), ("dspark-b16-av", 16, True),
+    ("dspark-b4", 4, False), ("dspark-b8", 8, False), ("dspark-b16", 16, False),
+)
+
+
+def operating_rho(ctx: FleetContext, model: GoodputModel, choice: dict[str, int]) -> dict[str, float]:
+    """Each replica's rho at `choice` (measured tokens per step when known)."""
+    rho: dict[str, float] = {}
+    for rep in ctx.live:
+        n = model.evaluate(rep, choice).verify_tokens
+        measured = rep.tokens_per_step if rep.tokens_per_step else n
+        rho[rep.name] = measured / ctx.knee[rep.name] if ctx.knee[rep.name] > 0 else 0.0
+    return rho
+
+
+def fleet_plan(live: list[ReplicaInput], choice: dict[str, int], model: GoodputModel, cfg: DecisionConfig) -> tuple[str | None, float]:
+    """The launch profile that, run by every replica, serves the current load
+    and tenant mix best (tenant caps re-optimised for it), and its predicted
+    gain over the fleet as it runs now.
+
+    Homogeneous on purpose: a mixed fleet's benefit depends on routing
+    between pools that the per-replica view cannot predict reliably, while a
+    homogeneous profile is exactly what the static baselines run.
+    """
+    if not live:
+        return None, 1.0
+    # The running fleet is charged its drafters for whatever actually runs on
+    # each speculative replica (routing to the off pool is a preference and
+    # spills when that pool is busier), hence no off pool here.
+    model = replace(model, off_pool=False)
+    current = model.total(live, choice)
+    # A homogeneous fleet balances load: evaluate it at the fleet's mean batch
+    # and aggregate tenant mix, not at today's per-replica split (which the
+    # current routing between pools distorts).
+    total_b = sum(max(r.batch, 0.0) for r in live)
+    mean_b = total_b / len(live)
+    agg: dict[str, float] = {}
+    for r in live:
+        for t, w in (r.mix or {}).items():
+            agg[t] = agg.get(t, 0.0) + w * max(r.batch, 1.0)
+    norm = sum(agg.values()) or 1.0
+    agg = {t: w / norm for t, w in agg.items()}
+    best_profile, best_g = None, current
+    for profile, block, adaptive in PLAN_PROFILES:
+        alts = [
+            replace(r, block=block, adaptive=adaptive, supports_knobs=True, profile=profile, batch=mean_b, mix=agg or r.mix)
+            for r in live
+        ]
+        caps = {t: (block if block else 0) for t in choice}
+        options = [0] + [c for c in cfg.draft_caps if c < block] + ([block] if block else [])
+        for t in sorted(caps):  # one coordinate pass over tenants' caps
+            scores = {k: model.total(alts, {**caps, t: k}) for k in options}
+            caps[t] = max(scores, key=lambda k: (scores[k], k))
+        g = model.total(alts, caps)
+        if g > best_g * (1 + 1e-9):
+            best_profile, best_g = profile, g
+    return best_profile, (best_g / current if current > 0 else 1.0)
+
+
+def downtime_loss(
+    live: list[ReplicaInput], name: str, occupied: dict[str, float], choice: dict[str, int], model: GoodputModel
+) -> float:
+    """Share of replica `name`'s own goodput that the fleet loses while it restarts.
+
+    Its requests move to the others (in proportion to their load), which
+    then run larger batches: nearly free while they are memory-bound (a
+    bigger batch costs little step time), all of it once they are
+    compute-bound. In the replica's own units, like the fleet plan's
+    per-replica gain, so that a restart pays back when
+    `(gain - 1) x time >= downtime x loss`. `occupied`: each replica's
+    goodput now (replica -> tok/s).
+    """
+    others = [r for r in live if r.name != name]
+    gone = next((r for r in live if r.name == name), None)
+    if gone is None or not others:
+        return 1.0
+    own = occupied[name]
+    if own <= 0:
+        return 0.0
+    before = sum(occupied[r.name] for r in others)
+    moved = replica_load(gone)
+    load = [replica_load(r) for r in others]
+    total = sum(load)
+    after = 0.0
+    for r, b in zip(others, load):
+        grown = replace(r, batch=r.batch + moved * (b / total if total > 0 else 1.0 / len(others)))
+        after += model.goodput(grown, choice) * min(1.0, replica_load(grown))
+    return min(1.0, max(0.0, 1.0 - (after - before) / own))
+
+
+def replica_regimes(
+    ctx: FleetContext, model: GoodputModel, state: dict[str, TenantState], cfg: DecisionConfig
+) -> dict[str, ReplicaRegime]:
+    """Each live replica at the caps and floors just decided (`state`): its
+    regime, goodput, recommended profile and downtime cost."""
+    live = ctx.live
+    choice = {t: s.k for t, s in state.items()}
+    model = model.with_thetas({t: s.theta for t, s in state.items()})
+    plan_profile, plan_gain = fleet_plan(live, choice, model, cfg)
+    final_eval = {rep.name: model.evaluate(rep, choice) for rep in live}
+    # Goodput each replica delivers now (the model judges an idle replica as
+    # holding its next request: scale by occupancy below one request).
+    occupied = {rep.name: final_eval[rep.name].goodput * min(1.0, replica_load(rep)) for rep in live}
+    regimes = {}
+    for rep in live:
+        g, _, n, _ = final_eval[rep.name]
+        # Gain per replica still to convert (converting 1 of N realises ~1/N).
+        to_convert = sum(1 for r in live if r.profile != plan_profile) or 1
+        per_replica = 1 + (plan_gain - 1) * len(live) / to_convert
+        rec_profile = plan_profile if plan_profile and per_replica >= 1 + cfg.plan_margin else rep.profile
+        rec_gain = per_replica if rec_profile != rep.profile else 1.0
+        measured = rep.tokens_per_step if rep.tokens_per_step else n
+        knee = ctx.knee[rep.name]
+        r_rho = measured / knee if knee else 0.0
+        loss = downtime_loss(live, rep.name, occupied, choice, model)
+        regimes[rep.name] = ReplicaRegime(
+            rep.name, rep.profile, rep.batch, round(measured, 2), round(knee, 1), round(r_rho, 3),
+            regime_label(r_rho), rep.acceptance_length, round(g, 1), rec_profile, round(rec_gain, 4), round(loss, 4),
+        )
+    return regimes
+

@@ -1,0 +1,153 @@
+"""The goodput model: what one replica delivers under a joint choice of caps.
+
+Why an object: every stage prices choices against the same fleet context --
+acceptance per tenant, the fleet's default acceptance, the confidence floors
+in force, whether an `off` pool exists -- and only the replica and the choice
+vary from question to question. `GoodputModel` holds that context (built
+once per `decide()`; `with_thetas` / `replace` give the variants the floor
+check and the fleet plan ask about) and answers `evaluate(rep, choice)`.
+
+Model. Replica r runs a batch of B_r requests whose tenants have conditional
+per-position acceptance a_t (see `acceptance_fit`). If tenant t drafts L_t
+tokens per step, one engine step verifies n_r = B_r * sum_t mix_rt * (1 + L_t)
+tokens, emits B_r * sum_t mix_rt * tau_t(L_t) tokens and takes T_r(B_r, n_r)
+seconds (cost model: roofline with the drafter's pass; drafting stops
+costing when nobody drafts). Goodput is B_r * tokens / T_r.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import NamedTuple
+
+from contract.policy import DEFAULT_TENANT
+
+from ..acceptance_fit import draft_length, tokens_per_step
+from .views import ReplicaInput
+
+
+def regime_label(rho: float) -> str:
+    if rho < 0.7:
+        return "memory-bound"
+    if rho < 1.0:
+        return "near-knee"
+    return "compute-bound"
+
+
+def replica_load(rep: ReplicaInput) -> float:
+    """Requests on the replica: running plus waiting. A queue is the batch of
+    the next seconds (a load step shows up there first, while its prompts are
+    still being prefilled), so the regime is judged on it."""
+    return max(rep.batch + max(rep.waiting, 0.0), 0.0)
+
+
+def run_batch(rep: ReplicaInput) -> float:
+    """The batch the policy will run at (`replica_load`; an idle replica counts
+    as holding its next request)."""
+    return max(replica_load(rep), 1.0)
+
+
+def effective_cap(rep: ReplicaInput, k: int) -> int:
+    """The draft cap a tenant at cap `k` actually gets on `rep`."""
+    if rep.block <= 0 or k <= 0:
+        return 0
+    if not rep.supports_knobs:
+        # Without per-request knobs the replica drafts its full block; a
+        # tenant that should not speculate is steered to an `off` replica by
+        # routing (preferred_profile), which the model takes as realised.
+        return rep.block if k > 0 else 0
+    return min(k, rep.block)
+
+
+class ReplicaEval(NamedTuple):
+    goodput: float  # tokens/s the replica emits
+    step_s: float  # seconds per engine step
+    verify_tokens: float  # tokens per step: verified (drafts + 1) plus prefill
+    taus: dict[str, float]  # tenant -> tokens emitted per step per request
+
+
+@dataclass(frozen=True)
+class GoodputModel:
+    """Prices a joint choice of draft caps (tenant -> cap) on one replica.
+
+    A tenant missing from a choice gets the default tenant's cap (0 if that
+    is missing too); a tenant missing from `acc` gets `fleet_a`.
+    """
+
+    acc: Mapping[str, float]
+    fleet_a: float
+    thetas: Mapping[str, float | None] = field(default_factory=dict)  # tenant -> confidence floor
+    off_pool: bool = False  # a k=0 tenant is routed to an `off` replica
+
+    def with_thetas(self, thetas: Mapping[str, float | None]) -> GoodputModel:
+        return replace(self, thetas=thetas)
+
+    def goodput(self, rep: ReplicaInput, choice: Mapping[str, int]) -> float:
+        return self.evaluate(rep, choice).goodput
+
+    def total(self, reps: list[ReplicaInput], choice: Mapping[str, int]) -> float:
+        return sum(self.evaluate(rep, choice).goodput for rep in reps)
+
+    def evaluate(self, rep: ReplicaInput, choice: Mapping[str, int]) -> ReplicaEval:
+        """Goodput, step time, tokens per step and per-tenant tau of `rep`.
+
+        An idle replica is evaluated as holding one request (the next arrival).
+        The drafter's pass covers the replica's whole block (DSpark drafts it in
+        one parallel pass) for the share of the batch that drafts, see below.
+        """
+        batch = run_batch(rep)
+        mix = rep.mix or {DEFAULT_TENANT: 1.0}
+        total = sum(mix.values()) or 1.0
+        default_k = choice.get(DEFAULT_TENANT, 0)
+        rows = []  # (tenant, weight, a, cap, floor)
+        for tenant, weight in mix.items():
+            w = weight / total
+            cap = effective_cap(rep, choice.get(tenant, default_k))
+            rows.append((tenant, w, self.acc.get(tenant, self.fleet_a), cap, self.thetas.get(tenant)))
+        # vLLM drafts batch-wide: on a speculative replica the drafter proposes a
+        # full block for every decoding request whatever the per-request caps
+        # (a cap of 0 saves verification, not drafting). Two ways out: with an off
+        # pool, a tenant at k=0 is routed there (preferred_profile="off") and
+        # stops costing this replica's drafter; and on a knob-capable replica
+        # (drafters.vllm_ext) a step whose requests are all capped at 0 runs with
+        # K=0, which skips the drafter's pass -- so the pass is paid while anyone
+        # on the replica drafts, and not at all once nobody does.
+        if self.off_pool:
+            drafting = sum(w for _, w, _, cap, _ in rows if cap > 0)
+        elif rep.supports_knobs:
+            drafting = 1.0 if any(cap > 0 for _, _, _, cap, _ in rows) else 0.0
+        else:
+            drafting = 1.0 if rep.block > 0 else 0.0
+        longest = rep.block if drafting > 0 else 0
+
+        def at_limit(limit: int) -> tuple[float, float, float, dict[str, float]]:
+            tokens = verify = 0.0
+            taus: dict[str, float] = {}
+            for tenant, w, a, cap, floor in rows:
+                length = draft_length(a, min(cap, limit), floor if rep.adaptive else None)
+                taus[tenant] = tokens_per_step(a, length)
+                tokens += w * taus[tenant]
+                verify += w * (1 + length)
+            n = batch * verify
+            prefill = rep.prefill_ratio * batch * tokens  # mean prompt tokens per step
+            step = rep.cost.step_time_s(batch, n, longest, rep.context_tokens, batch * drafting)
+            if prefill > 0:
+                # Prefill arrives in chunks (a whole prompt, up to the step budget),
+                # not as a smooth trickle: a fraction q of steps carries one chunk.
+                # Averaging max(memory, compute) over bursty steps is what makes a
+                # memory-bound decode batch slower than its mean token count says.
+                chunk = max(1.0, rep.prompt_tokens)
+                q = min(1.0, prefill / chunk)
+                burst = rep.cost.step_time_s(batch, n + chunk, longest, rep.context_tokens, batch * drafting)
+                step = q * burst + (1 - q) * step
+            return batch * tokens / step, step, n + prefill, taus
+
+        if not rep.adaptive or longest == 0:
+            return ReplicaEval(*at_limit(longest))
+        # (min_confidence floors are honoured only by -av replicas: the confidence
+        # head runs only under adaptive verification.)
+        # Adaptive verification: the engine drafts the caps but verifies only the
+        # budget that maximises tokens per unit step time (modelled as a common
+        # per-request verify limit chosen each step).
+        return ReplicaEval(*max((at_limit(limit) for limit in range(longest + 1)), key=lambda r: r[0]))

@@ -1,0 +1,185 @@
+"""Per-tenant hysteresis: whether this tick's proposal becomes the policy.
+
+Why: predicted goodput is computed from noisy signals (batch, acceptance),
+and a policy that follows every tick flaps. A change needs a predicted
+improvement over the *current* choice above a margin that is asymmetric
+(turn on: +5 %, turn off: +3 %, retune: +5 %, widened when the tenant's
+acceptance estimate rests on little data), the same proposal on
+`confirm_ticks` consecutive ticks, and `min_dwell_s` since the last change.
+A strong signal (improvement above `strong_margin` on `strong_ticks`
+consecutive ticks, e.g. a load step deep into or out of the compute-bound
+regime) skips the smoothing; a strong turn-off also ignores dwell:
+protecting the fleet beats smoothness. Admin overrides bypass hysteresis.
+Confidence floors and load thresholds get the same treatment (small moves
+are noise, not news).
+
+Every function here is pure: (previous state, proposal, config, now) in,
+verdict or new state out.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from contract.policy import SpeculationPolicy
+
+from .config import DecisionConfig
+from .optimizer import TenantProposal
+from .views import TenantState, cap_label
+
+
+@dataclass(frozen=True)
+class Verdict:
+    cur: int | None  # cap in force before this tick (None = never decided)
+    chosen: int  # cap in force after it
+    why: str
+    forced: bool  # an admin override moved the tenant
+    improvement: float  # proposal vs current, relative, per unit of the tenant's traffic share
+    smoothed: dict[int, float]  # the same per candidate, smoothed
+    margin: float
+    thin: bool  # acceptance rests on thin evidence
+    pending_k: int | None
+    pending_count: int
+    strong_k: int | None
+    strong_count: int
+    ema: dict[int, float]  # normalised goodput per candidate, smoothed (kept for the next tick)
+
+
+def _margin(cfg: DecisionConfig, cur: int | None, candidate: int, slo_driven: bool, thin: bool) -> float:
+    extra = cfg.thin_extra_margin if thin else 0.0
+    if cur is None or slo_driven:
+        return 0.0
+    if cur == 0 and candidate > 0:
+        return cfg.on_margin + extra
+    if candidate == 0:
+        return cfg.off_margin
+    return cfg.retune_margin + extra
+
+
+def step(prev: TenantState, p: TenantProposal, cfg: DecisionConfig, now: float) -> Verdict:
+    """One tick of the state machine: hold, confirm, or change the tenant's cap."""
+    table, best, share = p.table, p.best, p.share
+    cur = prev.k if prev.k >= 0 else None
+    # Improvements are fleet goodput changes scaled by the tenant's share
+    # of the traffic it shares replicas with: a 5 % tenant that triples
+    # its own tokens moves the fleet ~10 %, and that must clear a margin
+    # meant for the tenant's decision, not the fleet's.
+    improvement = ((table.get(best, 0.0) / p.g_cur - 1.0) / share) if p.g_cur > 0 else math.inf
+    # Smoothed relative goodput of every candidate vs the current choice:
+    # the noise filter for ordinary changes (strong signals act unsmoothed).
+    # EMA of each candidate's predicted goodput survives policy changes,
+    # so a change is never followed by a verdict based on one noisy tick.
+    # Normalised per tick (best = 1) so that a load step does not leave
+    # yesterday's absolute goodput dominating the average.
+    prev_s = dict(prev.smoothed)
+    top = max(table.values(), default=0.0) or 1.0
+    ema = {k: cfg.smoothing * g / top + (1 - cfg.smoothing) * prev_s.get(k, g / top) for k, g in table.items()}
+    smoothed: dict[int, float] = {}
+    if cur is not None and ema.get(cur, 0.0) > 0:
+        smoothed = {k: (g / ema[cur] - 1.0) / share for k, g in ema.items()}
+    candidate = best
+    if smoothed and not p.slo_driven:
+        candidate = max(smoothed, key=lambda k: (smoothed[k], -abs(k - (cur or 0))))
+    s_imp = smoothed.get(candidate, improvement) if not p.slo_driven else max(improvement, 0.0)
+    thin = p.evidence_steps < cfg.thin_evidence_steps
+    margin = _margin(cfg, cur, candidate, p.slo_driven, thin)
+
+    forced = p.pinned is not None and (cur is None or cur not in p.allowed)
+    pending_k, pending_count = prev.pending_k, prev.pending_count
+    chosen = cur if cur is not None else best
+    dwell_ok = now - prev.since >= cfg.min_dwell_s or (prev.provisional and not thin)
+    strong_now = cur is not None and best != cur and improvement >= cfg.strong_margin
+    strong_count = prev.strong_count + 1 if strong_now and prev.strong_k == best else (1 if strong_now else 0)
+    strong = strong_now and strong_count >= cfg.strong_ticks
+    why: str
+    if cur is None:
+        # First decision: the uncapped default (the replica's full block)
+        # stands unless the proposal beats it by the retune margin -- a cap
+        # must earn its place, as every later change must.
+        default = max(table) if table else best
+        g_default = table.get(default, 0.0)
+        gain_first = ((table.get(best, 0.0) / g_default - 1.0) / share) if g_default > 0 else math.inf
+        if best == 0 or best == default or gain_first >= cfg.retune_margin or p.slo_driven or p.pinned is not None:
+            chosen, why = best, "first decision"
+        else:
+            chosen, why = default, f"first decision: k={cap_label(best)} would gain only {gain_first:+.1%}"
+        pending_k, pending_count = None, 0
+    elif forced:
+        chosen, why = best, f"admin override ({p.pinned})"
+        pending_k, pending_count = None, 0
+    elif strong and (best == 0 or dwell_ok):
+        # Strong signal held for strong_ticks (a load step): skips the
+        # smoothing. A turn-off (protecting the fleet from a compute-bound
+        # batch) also skips dwell; anything else still respects it.
+        chosen, why = best, f"k {cap_label(cur)}->{cap_label(best)}: predicted goodput {improvement:+.1%} (strong)"
+        pending_k, pending_count = None, 0
+        # A regime step: the smoothed history describes the old regime.
+        ema = {k: g / top for k, g in table.items()}
+    elif candidate == cur:
+        why = "holding: current choice is the best predicted"
+        pending_k, pending_count = None, 0
+    elif s_imp < margin:
+        why = f"holding: k={cap_label(candidate)} would gain {s_imp:+.1%} (smoothed) < margin {margin:.0%}"
+        pending_k, pending_count = None, 0
+    else:
+        pending_count = pending_count + 1 if pending_k == candidate else 1
+        pending_k = candidate
+        if pending_count >= cfg.confirm_ticks and dwell_ok:
+            chosen = candidate
+            why = f"k {cap_label(cur)}->{cap_label(candidate)}: predicted goodput {s_imp:+.1%} (smoothed, {pending_count} ticks)"
+            pending_k, pending_count = None, 0
+        elif not dwell_ok:
+            why = f"pending k={cap_label(candidate)} ({s_imp:+.1%}): dwell {now - prev.since:.1f}s < {cfg.min_dwell_s:.0f}s"
+        else:
+            why = f"pending k={cap_label(candidate)} ({s_imp:+.1%}): confirmation {pending_count}/{cfg.confirm_ticks}"
+    if chosen != cur:
+        strong_count = 0
+    return Verdict(
+        cur=cur, chosen=chosen, why=why, forced=forced, improvement=improvement, smoothed=smoothed, margin=margin,
+        thin=thin, pending_k=pending_k, pending_count=pending_count,
+        strong_k=best if strong_count else None, strong_count=strong_count, ema=ema,
+    )
+
+
+def grid(value: float, step: float) -> float:
+    return round(round(value / step) * step, 4)
+
+
+def smooth_floor(prev: TenantState, v: Verdict, raw_theta: float, cfg: DecisionConfig, now: float) -> tuple[float | None, float]:
+    """(floor to publish, its EMA before gridding). A new cap starts the EMA
+    afresh; under the same cap small or early moves keep the floor in force."""
+    chosen, cur = v.chosen, v.cur
+    theta_ema = raw_theta if chosen != cur or prev.theta_ema is None else (
+        cfg.smoothing * raw_theta + (1 - cfg.smoothing) * prev.theta_ema
+    )
+    theta = grid(theta_ema, cfg.theta_step) or None
+    if chosen == cur and not v.forced and prev.policy is not None:
+        small = abs((theta or 0.0) - (prev.theta or 0.0)) < cfg.theta_min_change
+        if small or now - prev.since < cfg.min_dwell_s:
+            theta = prev.theta  # small or early floor moves are noise, not news
+    return theta, theta_ema
+
+
+def steady_max_batch(prev: TenantState, v: Verdict, max_batch: int | None) -> int | None:
+    """Under the same cap, a threshold within a factor of 2 of the one in force keeps it."""
+    prev_mb = prev.policy.max_batch if prev.policy is not None and v.chosen == v.cur else None
+    if max_batch is not None and prev_mb is not None and 0.5 <= max_batch / prev_mb <= 2.0:
+        return prev_mb  # a grid step or two either way is noise, not news (no new policy version)
+    return max_batch
+
+
+def policy_changed(prev: TenantState, policy: SpeculationPolicy) -> bool:
+    return prev.policy is None or prev.policy.behaviour() != policy.behaviour()
+
+
+def remember(
+    prev: TenantState, v: Verdict, policy: SpeculationPolicy, theta: float | None, theta_ema: float, changed: bool, now: float
+) -> TenantState:
+    """The state the next tick's hysteresis starts from."""
+    since = now if (changed or prev.k != v.chosen) else prev.since
+    return TenantState(
+        v.chosen, theta, since, v.pending_k, v.pending_count, policy, tuple(sorted(v.ema.items())), v.strong_k,
+        v.strong_count, theta_ema if v.chosen > 0 else None,
+        (v.thin if since == now else prev.provisional),
+    )

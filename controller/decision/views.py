@@ -1,0 +1,127 @@
+"""What the decision reads and writes: plain, frozen records.
+
+Why a module of its own: every stage (goodput model, optimizer, hysteresis,
+assembly, fleet plan) speaks in these types, and the estimators
+(`controller/estimators.py`) build the inputs without needing any stage.
+Inputs: `ReplicaInput` (one replica as the estimators see it this tick),
+`TenantView` (one tenant's acceptance and targets), `TenantState` (what
+hysteresis remembers between ticks). Outputs: `Decision` with its
+`DecisionRecord`s (one per tenant: policy, reason, numbers) and
+`ReplicaRegime`s (one per replica: regime and fleet-plan recommendation).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from contract.policy import SpeculationPolicy
+
+
+class CostFn(Protocol):
+    """Step time of one replica (seconds) — see controller/costs.py."""
+
+    def step_time_s(
+        self, batch: float, verify_tokens: float, draft_len: int, context_tokens: float, drafting_batch: float | None = None
+    ) -> float: ...
+
+    def knee_tokens(self, batch: float, context_tokens: float) -> float: ...
+
+
+FULL = 1 << 20  # draft cap meaning "no cap": the replica's whole block
+
+
+def cap_label(k: int) -> str:
+    """A draft cap as records and reasons print it (`full` = no cap)."""
+    return "full" if k >= FULL else str(k)
+
+
+@dataclass(frozen=True)
+class ReplicaInput:
+    """One replica as the estimators see it this tick (the decision's input;
+    not the simulator's live `drafters.sim.policy.ReplicaView`)."""
+
+    name: str
+    profile: str
+    block: int  # drafter block size gamma; 0 = no speculation
+    adaptive: bool
+    supports_knobs: bool
+    cost: CostFn
+    batch: float  # running requests (smoothed)
+    waiting: float = 0.0
+    context_tokens: float = 1024.0
+    healthy: bool = True
+    tokens_per_step: float | None = None  # measured (vLLM iteration_tokens)
+    acceptance_length: float | None = None  # measured (vLLM spec counters)
+    mix: dict[str, float] = field(default_factory=dict)  # tenant -> share of this replica's traffic
+    # Prompt tokens prefilled per generated token: in steady state every output
+    # token "brings" this much prefill into the same steps, so a policy that
+    # emits more tokens per step also prefills more per step.
+    prefill_ratio: float = 0.0
+    prompt_tokens: float = 512.0  # mean prompt length (prefill chunk size)
+
+
+@dataclass(frozen=True)
+class TenantView:
+    tenant: str
+    acceptance: float  # conditional per-position acceptance a (shrunk estimate)
+    evidence_steps: float = 0.0  # effective (decayed) verification steps behind the estimate
+    tpot_target_ms: float | None = None
+    shares: dict[str, float] = field(default_factory=dict)  # replica -> share of this tenant's traffic
+
+
+@dataclass(frozen=True)
+class TenantState:
+    """What hysteresis needs to remember about one tenant between ticks."""
+
+    k: int = -1  # current draft cap; -1 = never decided
+    theta: float | None = None
+    since: float = float("-inf")
+    pending_k: int | None = None
+    pending_count: int = 0
+    policy: SpeculationPolicy | None = None
+    smoothed: tuple[tuple[int, float], ...] = ()  # EMA of normalised predicted goodput per candidate k
+    strong_k: int | None = None  # candidate of the current run of strong signals
+    strong_count: int = 0
+    theta_ema: float | None = None  # smoothed confidence floor before gridding
+    provisional: bool = False  # last change rested on thin evidence: dwell does not protect it
+
+
+@dataclass(frozen=True)
+class DecisionRecord:
+    tenant: str
+    at: float
+    changed: bool
+    policy: SpeculationPolicy
+    reason: str
+    numbers: dict
+
+
+@dataclass(frozen=True)
+class ReplicaRegime:
+    name: str
+    profile: str
+    batch: float
+    tokens_per_step: float
+    knee: float
+    rho: float
+    regime: str
+    acceptance_length: float | None
+    predicted_goodput_tok_s: float
+    recommended_profile: str
+    recommended_gain: float
+    # Share of this replica's goodput the fleet loses while it restarts (the
+    # others absorb its requests): what a restart costs per second of downtime.
+    downtime_loss: float = 1.0
+
+
+@dataclass(frozen=True)
+class Decision:
+    policies: dict[str, SpeculationPolicy]
+    state: dict[str, TenantState]
+    records: list[DecisionRecord]
+    replicas: dict[str, ReplicaRegime]
+
+    @property
+    def changes(self) -> list[DecisionRecord]:
+        return [r for r in self.records if r.changed]

@@ -1,0 +1,151 @@
+"""What the simulated engine is given and gives back: its config, its requests, one step's outcome.
+
+Why a module of its own: the discrete-event simulator, the HTTP replica and
+the policies build and read these plain records (a replica's ``EngineConfig``,
+an ``EngineRequest`` with its counts and timestamps, a ``StepOutcome``)
+without needing the scheduler that mutates them (``engine.py``).  Also home
+of vLLM's ``num_speculative_tokens_per_batch_size`` table helpers, which are
+part of a replica's configuration.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .. import acceptance as acc
+from .. import costmodel as cm
+from contract.profiles import Profile, parse_profile
+from contract.settings import DEFAULT_GPU, DEFAULT_MODEL
+
+
+@dataclass
+class EngineConfig:
+    """One simulated replica."""
+
+    gpu: str = DEFAULT_GPU
+    model: str = DEFAULT_MODEL
+    profile: str = "off"
+    drafter_family: str = "dspark"
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    gpu_memory_utilization: float = 0.9
+    # vLLM `num_speculative_tokens_per_batch_size`: ((start_bs, end_bs, K), ...) inclusive, keyed on #scheduled reqs.
+    spec_k_table: tuple[tuple[int, int, int], ...] | None = None
+    kv_capacity_tokens: int | None = None  # override the cost model's estimate
+    seed: int = 0
+    name: str = "sim-0"
+
+    @property
+    def profile_obj(self) -> Profile:
+        return parse_profile(self.profile)
+
+
+def vllm_batch_k_table(block_size: int, max_num_seqs: int = 1024) -> tuple[tuple[int, int, int], ...]:
+    """A `num_speculative_tokens_per_batch_size` table in the style of vLLM's docs/vllm-ascend example
+    ([[1,32,3],[33,64,2],[65,128,1]] for K=3): full K up to 32 seqs, ~2/3 K to 64, ~1/3 K to 128, then 0."""
+    k = block_size
+    return ((1, 32, k), (33, 64, max(1, round(2 * k / 3))), (65, 128, max(1, round(k / 3))), (129, max_num_seqs, 0))
+
+
+def lookup_k_table(table: tuple[tuple[int, int, int], ...], num_reqs: int, k_max: int) -> int:
+    """vLLM semantics: inclusive ranges from 1; gaps and tail carry the previous K; capped at k_max."""
+    k = k_max
+    for start, end, kk in table:
+        if num_reqs >= start:
+            k = kk
+        if start <= num_reqs <= end:
+            break
+    return max(0, min(k, k_max))
+
+
+class EngineRequest:
+    """A request inside the simulated engine (counts only; no text)."""
+
+    __slots__ = (
+        "id", "tenant", "workload", "prompt_tokens", "max_tokens", "max_draft", "min_confidence", "max_batch", "arrival_s",
+        "prefilled", "output", "first_token_s", "last_token_s", "finish_s", "finished", "finish_reason",
+        "spec_steps", "draft_tokens", "accepted_tokens", "accept", "logit_accept", "preset", "user", "replica",
+        "admitted_s", "preemptions", "_recompute", "natural_stop",
+    )
+
+    def __init__(self, id: str, prompt_tokens: int, max_tokens: int, workload: str = "chat", tenant: str = "default",
+                 max_draft: int | None = None, min_confidence: float | None = None, arrival_s: float | None = None,
+                 user: Any = None, natural_stop: bool = False, max_batch: int | None = None):
+        self.id = id
+        self.max_batch = max_batch  # specgate_max_batch: no drafting in steps with more requests
+        self.natural_stop = natural_stop  # True: the model "emits EOS" at max_tokens (finish_reason stop)
+        self.tenant = tenant
+        self.workload = workload
+        self.prompt_tokens = max(1, int(prompt_tokens))
+        self.max_tokens = max(1, int(max_tokens))
+        self.max_draft = max_draft
+        self.min_confidence = min_confidence
+        self.arrival_s = arrival_s
+        self.prefilled = 0
+        self.output = 0
+        self.first_token_s: float | None = None
+        self.last_token_s: float | None = None
+        self.finish_s: float | None = None
+        self.finished = False
+        self.finish_reason: str | None = None
+        self.spec_steps = 0
+        self.draft_tokens = 0
+        self.accepted_tokens = 0
+        self.accept: np.ndarray | None = None
+        self.logit_accept: np.ndarray | None = None
+        self.preset: acc.WorkloadPreset | None = None
+        self.user = user  # opaque (the HTTP server hangs its stream queue here)
+        self.replica: str | None = None
+        self.admitted_s: float | None = None
+        self.preemptions = 0
+        self._recompute = 0  # tokens to re-prefill after preemption (prompt + generated)
+
+    @property
+    def prefill_target(self) -> int:
+        return self.prompt_tokens + self._recompute
+
+    @property
+    def in_prefill(self) -> bool:
+        return self.prefilled < self.prefill_target
+
+    @property
+    def context(self) -> int:
+        return self.prefilled + (self.output if not self._recompute else 0)
+
+    @property
+    def mean_acceptance_length(self) -> float:
+        return 1.0 + self.accepted_tokens / self.spec_steps if self.spec_steps else 1.0
+
+    def spec_summary(self) -> dict[str, float | int]:
+        """vLLM `metrics.speculative_decoding` (summary level) for this request."""
+        return {
+            "mean_acceptance_length": round(self.mean_acceptance_length, 4),
+            "draft_acceptance_rate": round(self.accepted_tokens / self.draft_tokens, 4) if self.draft_tokens else 0.0,
+            "num_spec_steps": self.spec_steps,
+            "num_draft_tokens": self.draft_tokens,
+            "num_accepted_draft_tokens": self.accepted_tokens,
+        }
+
+
+@dataclass
+class StepOutcome:
+    """What one engine step did; tokens become visible at ``start_s + duration_s``."""
+
+    start_s: float
+    duration_s: float
+    emissions: list[tuple[EngineRequest, int]]  # (request, tokens emitted this step)
+    finished: list[EngineRequest]
+    num_tokens: int  # tokens processed (unpadded): decode + verified drafts + prefill
+    batch: int
+    cost: cm.StepCost | None
+    draft_time_s: float = 0.0
+
+    @property
+    def end_s(self) -> float:
+        return self.start_s + self.duration_s
+
+
+__all__ = ["EngineConfig", "EngineRequest", "StepOutcome", "vllm_batch_k_table", "lookup_k_table"]

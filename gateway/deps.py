@@ -1,0 +1,38 @@
+"""What the request path needs from the gateway, and nothing more.
+
+`proxy.CompletionEndpoint` and its stages depend on this Protocol, not on
+`app.GatewayState`: the app module builds the state and the endpoints, so
+the request path must not import it back. `GatewayState` satisfies it
+structurally; tests may pass any object with these attributes.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from contract.settings import Settings
+
+    from .accounting import Accounting
+    from .auth import TenantDirectory
+    from .metrics import GatewayMetrics
+    from .policy_watch import PolicyView
+    from .replicas import ReplicaState
+    from .tracing import Tracing
+    from .upstream import Upstream
+
+
+class RequestPathState(Protocol):
+    settings: Settings
+    tenants: TenantDirectory
+    metrics: GatewayMetrics
+    tracing: Tracing
+    policy_view: PolicyView
+    session_header: bytes  # lower-cased header name carrying the session id
+    upstream: Upstream  # set when the app starts
+    accounting: Accounting  # set when the app starts
+
+    @property
+    def replica_list(self) -> list[ReplicaState]: ...
+
+    def estimate_tokens(self, body: dict) -> int: ...

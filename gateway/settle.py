@@ -1,0 +1,128 @@
+"""The settle stage: what happens once the response is out (or the request
+failed): budget settlement and refunds, usage/telemetry accounting, and for
+every request its metrics, access-log line and deferred spans.
+
+Refund rule: a reservation is given back whole (`refund_request`) when the
+request failed with 502/503 (no replica could serve it); its token estimate
+is settled to 0 when a replica's own error was relayed (nothing generated);
+otherwise it is settled to the usage the replica reported.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from contract.telemetry import RequestSpecStats
+
+from .asgi_io import ClientGone, send_error
+from .deps import RequestPathState
+from .errors import GatewayError
+from .request_context import RequestContext
+
+log = logging.getLogger("specgate.gateway.proxy")
+access_log = logging.getLogger("specgate.gateway.access")
+
+_perf = time.perf_counter
+_REFUNDED = (503, 502)
+
+
+def account(state: RequestPathState, ctx: RequestContext) -> None:
+    """Settle the reservation against the relayed response's usage and record
+    its tokens and speculation telemetry."""
+    usage = ctx.usage
+    if usage is None:
+        if ctx.reserved_live and ctx.status != 200:
+            # The replica refused the request (its 4xx/5xx was relayed):
+            # nothing was generated, so the token estimate goes back.
+            state.accounting.settle(ctx.tenant, ctx.reserved, 0)
+        return
+    tenant = ctx.tenant
+    stats = RequestSpecStats.from_response(usage, ctx.spec_metrics)
+    if ctx.reserved_live:
+        state.accounting.settle(tenant, ctx.reserved, stats.prompt_tokens + stats.completion_tokens)
+    replica_name = ctx.replica_name
+    state.accounting.record(tenant.id, replica_name, stats)
+    metrics = state.metrics
+    label = ctx.tenant_label
+    metrics.child(metrics.tokens, label, "prompt").inc(stats.prompt_tokens)
+    metrics.child(metrics.tokens, label, "completion").inc(stats.completion_tokens)
+    if stats.num_draft_tokens is not None:
+        metrics.child(metrics.drafted, label, replica_name).inc(stats.num_draft_tokens)
+        metrics.child(metrics.accepted, label, replica_name).inc(stats.num_accepted_draft_tokens or 0)
+        if stats.num_spec_steps:
+            metrics.child(metrics.spec_steps, label, replica_name).inc(stats.num_spec_steps)
+            al = 1.0 + (stats.num_accepted_draft_tokens or 0) / stats.num_spec_steps
+            metrics.child(metrics.acceptance_length, label, replica_name).observe(al)
+
+
+async def on_error(state: RequestPathState, ctx: RequestContext, exc: BaseException, send) -> bool:
+    """Turn a failure of any stage into the request's status (and the error
+    response, refund) it calls for. False: not ours to handle (re-raise)."""
+    if isinstance(exc, GatewayError):
+        ctx.status = exc.status
+        if ctx.reserved_live and exc.status in _REFUNDED:
+            state.accounting.refund_request(ctx.tenant, ctx.reserved)
+        await _try_send_error(send, exc)
+    elif isinstance(exc, ClientGone):
+        ctx.status = 499
+    elif isinstance(exc, asyncio.CancelledError):
+        if not ctx.client_gone:
+            return False  # cancelled from outside (shutdown): propagate
+        # Our watcher cancelled us: the client went away. The upstream
+        # response was closed by the relay's cleanup.
+        ctx.status = 499
+        asyncio.current_task().uncancel()
+    elif isinstance(exc, Exception):
+        log.exception("unexpected error in request path", exc_info=exc, extra={"fields": {"tenant": ctx.tenant.id if ctx.tenant else None}})
+        ctx.status = 500
+        await _try_send_error(send, GatewayError(500, "Internal gateway error."))
+    else:
+        return False
+    return True
+
+
+async def _try_send_error(send, err: GatewayError) -> None:
+    try:
+        await send_error(send, err)
+    except Exception:
+        pass
+
+
+def finish(state: RequestPathState, ctx: RequestContext) -> None:
+    """Per-request observability, after the response is out: deferred spans,
+    request/latency metrics, the access-log line."""
+    elapsed = _perf() - ctx.t0
+    if ctx.root is not None:
+        record_spans(state.tracing, ctx)
+    metrics = state.metrics
+    status = str(ctx.status)
+    replica_name = ctx.replica_name
+    metrics.child(metrics.requests, ctx.tenant_label, replica_name, ctx.endpoint, status).inc()
+    metrics.child(metrics.latency, ctx.tenant_label, replica_name, status).observe(elapsed)
+    if state.settings.gateway.access_log:
+        access_log.info(
+            "request",
+            extra={
+                "fields": {
+                    "tenant": ctx.tenant.id if ctx.tenant else None,
+                    "endpoint": ctx.endpoint,
+                    "replica": replica_name,
+                    "status": ctx.status,
+                    "duration_ms": round(elapsed * 1000, 3),
+                }
+            },
+        )
+
+
+def record_spans(tracing, ctx: RequestContext) -> None:
+    """The auth and route spans, from the timestamps their stages took: the
+    same spans as if opened live, but their SDK cost is off the latency path.
+    (Only the root and proxy spans must exist before the upstream call, for
+    `traceparent`.) A stage not reached gets no span."""
+    parent = ctx.root_ctx
+    if ctx.t_auth_end_ns:
+        tracing.record("auth", parent, ctx.t_auth_start_ns, ctx.t_auth_end_ns, {"specgate.authenticated": ctx.authenticated})
+    if ctx.candidates is not None:
+        tracing.record("route", parent, ctx.t_route_start_ns, ctx.t_route_end_ns, {"specgate.candidates": ctx.candidates})

@@ -1,0 +1,141 @@
+"""The stages before the upstream call: auth -> parse -> admit -> route.
+
+Each takes the gateway's state and the request's `RequestContext`, fills in
+its part of the context, and fails with a `GatewayError` carrying the
+OpenAI-shaped error the client gets:
+auth (401) -> body size (413) -> JSON and shape (400) -> specgate knobs (400)
+-> model (404) -> budget store (503) / budget (429 + Retry-After)
+-> routing (503).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import orjson
+from redis.exceptions import RedisError
+
+from contract.knobs import KnobError, validate_client_xargs
+
+from .asgi_io import read_body
+from .deps import RequestPathState
+from .errors import GatewayError
+from .request_context import RequestContext
+from .routing import RouteRequest, affinity_key, rank_replicas
+
+log = logging.getLogger("specgate.gateway.proxy")
+
+_now_ns = time.time_ns
+
+
+# -- auth ----------------------------------------------------------------
+def authenticate(state: RequestPathState, ctx: RequestContext) -> None:
+    traced = ctx.root is not None
+    if traced:
+        ctx.t_auth_start_ns = _now_ns()
+    auth = state.tenants.authenticate(ctx.authorization)
+    if traced:
+        ctx.t_auth_end_ns = _now_ns()
+        ctx.authenticated = auth.tenant is not None
+    if auth.tenant is None:
+        raise GatewayError(401, auth.error or "Unauthorized", code="invalid_api_key")
+    ctx.tenant = auth.tenant
+    ctx.tenant_label = state.metrics.tenant_label(auth.tenant.id)
+
+
+# -- parse ---------------------------------------------------------------
+async def parse(state: RequestPathState, ctx: RequestContext, receive) -> None:
+    """Body (413, 400), specgate knobs (400), then whether any replica serves
+    the model (404)."""
+    raw = await read_body(receive, state.settings.gateway.max_body_bytes, ctx.content_length)
+    body = ctx.body = parse_body(raw, ctx.endpoint)
+    model = ctx.model = body["model"]
+    ctx.stream = body.get("stream") is True
+    ctx.client_xargs = client_knobs(body)
+    replicas = ctx.replicas = state.replica_list
+    if not any(r.serves(model) for r in replicas):
+        raise GatewayError(404, f"The model `{model}` does not exist.", param="model", code="model_not_found")
+
+
+def parse_body(raw: bytes, kind: str) -> dict[str, Any]:
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise GatewayError(400, f"Request body is not valid JSON: {exc}", code="invalid_json") from None
+    if not isinstance(body, dict):
+        raise GatewayError(400, "Request body must be a JSON object.", code="invalid_body")
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise GatewayError(400, "You must provide a model parameter.", param="model", code="missing_model")
+    if kind == "chat":
+        msgs = body.get("messages")
+        if not isinstance(msgs, list) or not msgs:
+            raise GatewayError(400, "'messages' must be a non-empty array.", param="messages", code="invalid_value")
+    else:
+        prompt = body.get("prompt")
+        if prompt is None or isinstance(prompt, (bool, int, float, dict)):
+            raise GatewayError(400, "'prompt' must be a string or an array.", param="prompt", code="invalid_value")
+    if "stream" in body and not isinstance(body["stream"], bool) and body["stream"] is not None:
+        raise GatewayError(400, "'stream' must be a boolean.", param="stream", code="invalid_value")
+    so = body.get("stream_options")
+    if so is not None and not isinstance(so, dict):
+        raise GatewayError(400, "'stream_options' must be an object.", param="stream_options", code="invalid_value")
+    return body
+
+
+def client_knobs(body: dict[str, Any]) -> dict[str, Any] | None:
+    """The client's own `vllm_xargs`, validated (400 on a bad knob)."""
+    try:
+        return validate_client_xargs(body.get("vllm_xargs"))
+    except KnobError as exc:
+        raise GatewayError(400, str(exc), param=exc.param, code="invalid_value") from None
+
+
+# -- admit ---------------------------------------------------------------
+async def admit(state: RequestPathState, ctx: RequestContext) -> None:
+    """Reserve one request and a token estimate from the tenant's budget."""
+    tenant = ctx.tenant
+    estimate = state.estimate_tokens(ctx.body)
+    try:
+        decision, ctx.reserved = await state.accounting.reserve(tenant, estimate)
+    except (OSError, ConnectionError, RedisError) as exc:
+        # Fail closed: without the shared store the budget cannot be enforced.
+        log.warning("budget store unavailable", extra={"fields": {"error": type(exc).__name__}})
+        raise GatewayError(503, "Budget store unavailable; retry shortly.", code="state_store_unavailable") from None
+    if decision is None:  # unlimited tenant
+        return
+    if not decision.allowed:
+        metrics = state.metrics
+        limit = "tokens" if decision.denied_field == "tokens" else "requests"
+        metrics.child(metrics.rejections, ctx.tenant_label, limit).inc()
+        retry = str(int(max(1, decision.retry_after_s)))
+        raise GatewayError(
+            429,
+            f"Rate limit reached for tenant '{tenant.id}' on {limit} per minute. Retry after {retry}s.",
+            code=f"rate_limit_{limit}",
+            headers=[(b"retry-after", retry.encode())],
+        )
+    ctx.reserved_live = True
+
+
+# -- route ---------------------------------------------------------------
+def route(state: RequestPathState, ctx: RequestContext) -> list:
+    """Replicas to try, best first (503 when none is routable)."""
+    g = state.settings.gateway
+    ctx.policy = state.policy_view.for_tenant(ctx.tenant.id)
+    traced = ctx.root is not None
+    if traced:
+        ctx.t_route_start_ns = _now_ns()
+    replicas = ctx.replicas
+    now = time.monotonic()
+    allowed = [r.breaker.allows(now) for r in replicas]
+    key = affinity_key(g.routing, ctx.body, ctx.session, g.prefix_chars) if g.routing != "least_load" else None
+    ranked = rank_replicas(replicas, RouteRequest(ctx.model, ctx.tenant.id, key), ctx.policy, allowed=allowed)
+    if traced:
+        ctx.t_route_end_ns = _now_ns()
+        ctx.candidates = [r.name for r in ranked]
+    if not ranked:
+        raise GatewayError(503, f"No healthy replica is available for model `{ctx.model}`.", code="no_healthy_replica")
+    return ranked

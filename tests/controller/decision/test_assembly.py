@@ -1,0 +1,97 @@
+"""Policy assembly: routing, admin overrides through contract.overrides, reason and record."""
+
+from __future__ import annotations
+
+import pytest
+
+from contract.overrides import TenantOverride, apply_override
+from contract.policy import SpeculationPolicy
+from controller.decision import FULL, TenantProposal, TenantView
+from controller.decision import assembly as a
+from controller.decision import hysteresis as h
+
+from .common import CODE, context, fleet, replica
+
+
+def verdict(chosen, forced=False, why="holding"):
+    return h.Verdict(8, chosen, why, forced, 0.1, {8: 0.0}, 0.05, False, None, 0, None, 0, {})
+
+
+def prop(table=None, slo_note=""):
+    table = table or {0: 100.0, 4: 150.0, 8: 160.0}
+    return TenantProposal("code", 8, table, table[0], table[8], 0.5, False, slo_note, 10_000.0, list(table), None)
+
+
+MIXED = [replica(4, {}, profile="dspark-b4", block=4, name="b4"), replica(4, {}, profile="dspark-b16", block=16, name="b16"),
+         replica(4, {}, profile="off", block=0, name="plain")]
+
+
+def test_policy_routes_to_the_smallest_block_that_fits():
+    ctx = context(MIXED, [])
+    assert a.speculation_policy(4, None, ctx, 32) == SpeculationPolicy(preferred_profile="dspark-b4", max_draft=4, max_batch=32)
+    assert a.speculation_policy(8, 0.2, ctx, None).preferred_profile == "dspark-b16"
+    assert a.speculation_policy(FULL, None, ctx, None).max_draft is None  # no cap: the replica's block
+    off = a.speculation_policy(0, 0.3, ctx, 32)
+    assert off == SpeculationPolicy(enabled=False, preferred_profile="off", max_draft=0)
+    lone = context([replica(4, {})], [])
+    assert a.speculation_policy(4, None, lone, None).preferred_profile is None  # one profile: nothing to prefer
+    assert a.speculation_policy(0, None, lone, None).preferred_profile is None  # no off pool to route to
+
+
+@pytest.mark.parametrize(
+    "ov",
+    [None, TenantOverride(), TenantOverride(mode="auto", max_draft_max=8, min_confidence_min=0.1),
+     TenantOverride(mode="on", max_draft_min=2, min_confidence_max=0.3)],
+)
+def test_override_agrees_with_apply_override_inside_the_bounds(ov):
+    ctx = context(fleet(4, {}), [])
+    policy = a.speculation_policy(4, a.clamp_floor(0.4, ov, 4), ctx, 48)
+    out = a.with_override(policy, ov, ctx)
+    expected = apply_override(policy, ov) or policy
+    assert out.behaviour() == expected.behaviour()
+
+
+def test_pinned_on_drops_the_load_threshold():
+    ctx = context(fleet(4, {}), [])
+    out = a.with_override(a.speculation_policy(4, None, ctx, 48), TenantOverride(mode="on"), ctx)
+    assert out.enabled and out.max_batch is None and out.max_draft == 4
+
+
+def test_where_the_decision_keeps_its_fleet_knowledge():
+    """The three documented differences from a bare apply_override."""
+    ctx = context(fleet(4, {}), [])
+    off = a.with_override(a.speculation_policy(0, None, ctx, None), TenantOverride(mode="off"), ctx)
+    assert not off.enabled and off.preferred_profile == "off"  # apply_override alone: None
+    assert apply_override(off, TenantOverride(mode="off")).preferred_profile is None
+    no_spec = context([replica(4, {}, profile="off", block=0)], [])
+    stay = a.with_override(a.speculation_policy(0, None, no_spec, None), TenantOverride(mode="on"), no_spec)
+    assert not stay.enabled  # apply_override alone: enabled, on a fleet that cannot draft
+    big = TenantOverride(mode="on", max_draft_min=20)
+    capped = a.with_override(a.speculation_policy(16, None, ctx, None), big, ctx)
+    assert capped.max_draft == 16  # apply_override alone: 20, above every block
+
+
+def test_floor_clamp_goes_through_the_override_and_only_while_drafting():
+    ov = TenantOverride(min_confidence_min=0.2, min_confidence_max=0.5)
+    assert a.clamp_floor(None, ov, 4) == 0.2
+    assert a.clamp_floor(0.7, ov, 4) == 0.5
+    assert a.clamp_floor(0.3, None, 4) == 0.3
+    assert a.clamp_floor(None, ov, 0) is None
+
+
+def test_reason_source_and_record():
+    ctx = context(fleet(4, {}), [])
+    p = prop(slo_note="SLO 5ms: k=8")
+    pol = a.tenant_policy(ctx, verdict(8), p, None, None, 32, {"r1": 0.4, "plain": 0.2}, CODE)
+    assert pol.source == "controller"
+    assert pol.reason == "holding; rho=0.40 (memory-bound); a=0.88; gain_vs_off=1.60; SLO 5ms: k=8"
+    bounded = TenantOverride(max_draft_max=8)
+    assert a.tenant_policy(ctx, verdict(8), p, bounded, None, 32, {}, CODE).source == "controller"
+    assert a.tenant_policy(ctx, verdict(8, forced=True), p, bounded, None, 32, {}, CODE).source == "admin"
+    assert a.tenant_policy(ctx, verdict(8), p, TenantOverride(mode="on"), None, 32, {}, CODE).source == "admin"
+    rec = a.record(3.0, True, pol, verdict(8), p, TenantView("code", CODE, 10_000), None, 0.0, {"r1": 0.4}, 12.3456)
+    assert rec.tenant == "code" and rec.at == 3.0 and rec.reason == pol.reason
+    n = rec.numbers
+    assert n["k"] == "8" and n["gain_vs_off"] == 1.6 and n["theta_star"] is None and n["max_batch"] == 32
+    assert n["goodput_by_k"] == {"0": 100.0, "4": 150.0, "8": 160.0} and n["predicted_tpot_ms"] == 12.346
+    assert a.gain_vs_off(verdict(4), prop({0: 0.0, 4: 1.0, 8: 2.0})) == 1.0  # nothing to compare against

@@ -1,0 +1,71 @@
+"""Fleet plan, downtime loss and per-replica regimes on their own."""
+
+from __future__ import annotations
+
+import pytest
+
+from controller.decision import (
+    PLAN_PROFILES,
+    DecisionConfig,
+    TenantState,
+    downtime_loss,
+    fleet_plan,
+    operating_rho,
+    replica_regimes,
+)
+
+from .common import CHAT, CODE, context, fleet, model, replica, tenants
+
+CFG = DecisionConfig()
+
+
+def test_plan_recommends_a_drafter_for_an_idle_off_fleet_and_off_for_a_saturated_one():
+    idle = [replica(1, {"code": 1.0}, profile="off", block=0, name=f"p{i}") for i in range(2)]
+    profile, gain = fleet_plan(idle, {"code": 0, "*": 0}, model(), CFG)
+    assert profile in {p for p, b, _ in PLAN_PROFILES if b > 0} and gain > 1.2
+    busy = [replica(256, {"chat": 1.0}, name=f"s{i}") for i in range(2)]
+    profile, gain = fleet_plan(busy, {"chat": 16, "*": 16}, model(), CFG)
+    assert profile == "off" and gain > 1.0
+    assert fleet_plan([], {"*": 0}, model(), CFG) == (None, 1.0)
+
+
+def test_plan_ignores_the_off_pool_routing():
+    reps = fleet(8, {"code": 1.0})
+    choice = {"code": 16, "*": 16}
+    assert fleet_plan(reps, choice, model(off_pool=True), CFG) == fleet_plan(reps, choice, model(), CFG)
+
+
+def test_downtime_is_cheap_memory_bound_and_dear_compute_bound():
+    def loss(batch):
+        live = [replica(batch, {"chat": 1.0}, name=f"r{i}") for i in range(3)]
+        m = model()
+        choice = {"chat": 0, "*": 0}
+        occupied = {r.name: m.goodput(r, choice) * min(1.0, r.batch) for r in live}
+        return downtime_loss(live, "r0", occupied, choice, m)
+
+    assert loss(2) < 0.2
+    assert loss(512) > 0.8
+    assert downtime_loss([replica(4, {})], "r1", {"r1": 10.0}, {"*": 0}, model()) == 1.0  # nobody to take over
+    assert downtime_loss(fleet(0, {}), "r1", {"r1": 0.0, "plain": 0.0}, {"*": 0}, model()) == 0.0  # idle: nothing lost
+
+
+def test_operating_rho_prefers_measured_tokens_per_step():
+    reps = [replica(8, {"code": 1.0}), replica(8, {"code": 1.0}, name="m", tokens_per_step=40.0)]
+    ctx = context(reps, tenants(code=CODE))
+    rho = operating_rho(ctx, ctx.goodput_model(), {"code": 16, "*": 16})
+    assert rho["m"] == pytest.approx(40.0 / ctx.knee["m"])
+    n = ctx.goodput_model().evaluate(reps[0], {"code": 16, "*": 16}).verify_tokens
+    assert rho["r1"] == pytest.approx(n / ctx.knee["r1"])
+
+
+def test_regimes_report_each_live_replica_at_the_decided_caps():
+    reps = fleet(256, {"chat": 1.0}) + [replica(4, {}, name="down", healthy=False)]
+    ctx = context(reps, tenants(chat=CHAT))
+    state = {"chat": TenantState(k=0), "*": TenantState(k=0)}
+    regimes = replica_regimes(ctx, ctx.goodput_model(), state, CFG)
+    assert set(regimes) == {"r1", "plain"}
+    r1 = regimes["r1"]
+    assert r1.regime == "compute-bound" and r1.rho >= 1.0 and r1.predicted_goodput_tok_s > 0
+    assert 0.0 <= r1.downtime_loss <= 1.0
+    assert r1.recommended_profile in {"dspark-b16", "off"}
+    assert (r1.recommended_gain == 1.0) == (r1.recommended_profile == r1.profile)

@@ -1,0 +1,71 @@
+"""The goodput evaluator on its own: one replica, one joint choice of caps."""
+
+from __future__ import annotations
+
+import pytest
+
+from controller.decision import effective_cap, regime_label, replica_load, run_batch
+
+from .common import CHAT, CODE, model, replica
+
+
+def test_effective_cap_follows_block_and_knobs():
+    assert effective_cap(replica(4, {}), 4) == 4
+    assert effective_cap(replica(4, {}), 64) == 16  # capped at the block
+    assert effective_cap(replica(4, {}, profile="off", block=0), 8) == 0
+    assert effective_cap(replica(4, {}, knobs=False), 2) == 16  # no knobs: the whole block
+    assert effective_cap(replica(4, {}, knobs=False), 0) == 0
+
+
+def test_load_counts_the_queue_and_idle_runs_as_one():
+    assert replica_load(replica(4, {}, waiting=3)) == 7
+    assert run_batch(replica(0, {})) == 1.0
+    assert regime_label(0.3) == "memory-bound" and regime_label(0.8) == "near-knee" and regime_label(1.5) == "compute-bound"
+
+
+def test_speculation_pays_memory_bound_and_costs_compute_bound():
+    m = model()
+    for batch, spec_wins in ((2, True), (256, False)):
+        rep = replica(batch, {"code": 1.0})
+        on, off = m.goodput(rep, {"code": 16, "*": 16}), m.goodput(rep, {"code": 0, "*": 0})
+        assert (on > off) is spec_wins, (batch, on, off)
+
+
+def test_missing_tenants_take_the_default_cap_and_fleet_acceptance():
+    m = model(acc={}, fleet_a=CODE)
+    rep = replica(4, {"newcomer": 1.0})
+    assert m.evaluate(rep, {"*": 8}) == m.evaluate(rep, {"newcomer": 8, "*": 8})
+    assert m.evaluate(rep, {}).taus["newcomer"] == 1.0  # no default cap: no drafting
+
+
+def test_off_pool_charges_the_drafter_only_for_the_drafting_share():
+    rep = replica(64, {"code": 0.5, "chat": 0.5})
+    choice = {"code": 16, "chat": 0, "*": 16}
+    pooled, in_place = model(off_pool=True).evaluate(rep, choice), model().evaluate(rep, choice)
+    assert pooled.step_s < in_place.step_s  # the chat half is routed away, its drafter share with it
+    assert pooled.taus == in_place.taus
+
+
+def test_floor_only_binds_on_adaptive_replicas():
+    choice = {"chat": 16, "*": 16}
+    floored = model(thetas={"chat": 0.3})
+    static = replica(8, {"chat": 1.0})
+    av = replica(8, {"chat": 1.0}, profile="dspark-b16-av", adaptive=True)
+    assert floored.evaluate(static, choice) == model().evaluate(static, choice)
+    assert floored.evaluate(av, choice).verify_tokens < model().evaluate(av, choice).verify_tokens
+
+
+def test_prefill_slows_the_steps():
+    rep = replica(16, {"code": 1.0})
+    base = model().evaluate(rep, {"code": 8, "*": 8})
+    with_prefill = model().evaluate(replica(16, {"code": 1.0}, prefill_ratio=2.0), {"code": 8, "*": 8})
+    assert with_prefill.step_s > base.step_s
+    assert with_prefill.verify_tokens > base.verify_tokens
+    assert base.goodput == pytest.approx(16 * base.taus["code"] / base.step_s)
+
+
+def test_with_thetas_is_a_variant_not_a_mutation():
+    m = model()
+    v = m.with_thetas({"code": 0.5})
+    assert m.thetas == {} and v.thetas == {"code": 0.5} and v.acc is m.acc
+    assert CHAT in m.acc.values()

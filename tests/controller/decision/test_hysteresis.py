@@ -1,0 +1,133 @@
+"""The per-tenant state machine on synthetic proposals (no cost model involved)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from contract.policy import SpeculationPolicy
+from controller.decision import FULL, DecisionConfig, TenantProposal, TenantState
+from controller.decision import hysteresis as h
+
+CFG = DecisionConfig(confirm_ticks=3, min_dwell_s=10.0)
+
+
+def proposal(table, best=None, cur=None, share=1.0, evidence=10_000.0, pinned=None, allowed=None, slo_driven=False):
+    best = max(table, key=table.get) if best is None else best
+    return TenantProposal(
+        tenant="t", best=best, table=table, g_off=table.get(0, 1.0), g_cur=table.get(cur, 0.0) if cur is not None else 0.0,
+        share=share, slo_driven=slo_driven, slo_note="", evidence_steps=evidence, allowed=list(allowed or table),
+        pinned=pinned,
+    )
+
+
+def held(k, since=0.0, **kw):
+    return TenantState(k=k, since=since, policy=SpeculationPolicy(max_draft=k), **kw)
+
+
+def test_first_decision_keeps_no_cap_unless_a_cap_earns_it():
+    v = h.step(TenantState(), proposal({0: 90.0, 4: 101.0, FULL: 100.0}), CFG, now=0.0)
+    assert v.chosen == FULL and "would gain only" in v.why and math.isinf(v.improvement)
+    v = h.step(TenantState(), proposal({0: 90.0, 4: 120.0, FULL: 100.0}), CFG, now=0.0)
+    assert v.chosen == 4 and v.why == "first decision"
+    v = h.step(TenantState(), proposal({0: 90.0, 4: 101.0, FULL: 100.0}, pinned="auto"), CFG, now=0.0)
+    assert v.chosen == 4  # an override's first decision is the proposal
+
+
+def test_small_gain_holds_below_the_margin():
+    table = {0: 90.0, 4: 102.0, 8: 100.0}
+    v = h.step(held(8, smoothed=((0, 0.9), (4, 1.0), (8, 0.98))), proposal(table, cur=8), CFG, now=100.0)
+    assert v.chosen == 8 and v.why.startswith("holding") and v.margin == CFG.retune_margin
+    assert v.pending_k is None
+
+
+def test_change_needs_confirmation_then_dwell():
+    cfg = DecisionConfig(confirm_ticks=3, min_dwell_s=10.0, strong_margin=10.0)  # nothing counts as strong
+    table = {0: 50.0, 4: 130.0, 8: 100.0}
+    state = held(8, since=95.0, smoothed=((0, 50 / 130), (4, 1.0), (8, 100 / 130)))
+    trace = []
+    for now in range(96, 108):
+        v = h.step(state, proposal(table, cur=state.k), cfg, now=float(now))
+        policy = SpeculationPolicy(max_draft=v.chosen)
+        state = h.remember(state, v, policy, None, 0.0, h.policy_changed(state, policy), float(now))
+        trace.append((now, v.chosen, v.pending_count, v.why.split(":")[0]))
+    assert trace[0] == (96, 8, 1, "pending k=4 (+30.0%)")
+    assert trace[3][3].startswith("pending") and "dwell" in h.step(held(8, since=95.0), proposal(table, cur=8), cfg, 99.0).why
+    changed_at = next(now for now, k, _, _ in trace if k == 4)
+    assert changed_at == 105  # three confirmations long since, dwell 10 s from t=95
+    assert state.since == 105.0 and state.pending_k is None
+
+
+def test_pending_counts_consecutive_ticks_of_the_same_candidate():
+    cfg = DecisionConfig(confirm_ticks=3, min_dwell_s=0.0, strong_margin=10.0)
+    table = {0: 50.0, 4: 110.0, 8: 100.0}
+    state = held(8, smoothed=((0, 50 / 110), (4, 1.0), (8, 100 / 110)))
+    counts = []
+    for i in range(3):
+        v = h.step(state, proposal(table, cur=8), cfg, now=float(i))
+        counts.append((v.chosen, v.pending_k, v.pending_count))
+        state = TenantState(k=v.chosen, since=state.since, policy=state.policy, pending_k=v.pending_k,
+                            pending_count=v.pending_count, smoothed=tuple(sorted(v.ema.items())))
+    assert counts == [(8, 4, 1), (8, 4, 2), (4, None, 0)]
+
+
+def test_strong_turn_off_ignores_dwell_after_strong_ticks():
+    table = {0: 200.0, 8: 100.0}
+    state = held(8, since=99.0)
+    v1 = h.step(state, proposal(table, cur=8), CFG, now=100.0)
+    assert v1.chosen == 8 and v1.strong_k == 0 and v1.strong_count == 1
+    state = TenantState(k=8, since=99.0, policy=state.policy, strong_k=v1.strong_k, strong_count=v1.strong_count,
+                        smoothed=tuple(sorted(v1.ema.items())))
+    v2 = h.step(state, proposal(table, cur=8), CFG, now=101.0)
+    assert v2.chosen == 0 and "(strong)" in v2.why and v2.strong_count == 0
+    assert v2.ema == {0: 1.0, 8: 0.5}  # smoothing restarts at a regime step
+
+
+def test_override_that_excludes_the_current_cap_forces_the_proposal():
+    v = h.step(held(8, since=99.0), proposal({0: 80.0, 4: 100.0}, cur=8, pinned="auto", allowed=[0, 4]), CFG, now=100.0)
+    assert v.forced and v.chosen == 4 and v.why == "admin override (auto)"
+
+
+def test_thin_evidence_widens_the_margin():
+    table = {0: 50.0, 4: 104.0, 8: 100.0}
+    thick = h.step(held(8), proposal(table, cur=8), CFG, now=100.0)
+    thin = h.step(held(8), proposal(table, cur=8, evidence=10.0), CFG, now=100.0)
+    assert thin.thin and thin.margin == pytest.approx(thick.margin + CFG.thin_extra_margin)
+
+
+def test_floor_smoothing_holds_small_and_early_moves():
+    v_same = h.Verdict(8, 8, "", False, 0.0, {}, 0.0, False, None, 0, None, 0, {})
+    prev = TenantState(k=8, theta=0.3, since=0.0, policy=SpeculationPolicy(), theta_ema=0.3)
+    theta, ema = h.smooth_floor(prev, v_same, 0.4, CFG, now=100.0)
+    assert ema == pytest.approx(0.2 * 0.4 + 0.8 * 0.3) and theta == 0.3  # moved < theta_min_change
+    theta, _ = h.smooth_floor(prev, v_same, 0.9, DecisionConfig(smoothing=1.0), now=100.0)
+    assert theta == 0.9
+    theta, _ = h.smooth_floor(prev, v_same, 0.9, DecisionConfig(smoothing=1.0), now=1.0)
+    assert theta == 0.3  # early: within dwell
+    v_new = h.Verdict(8, 4, "", False, 0.0, {}, 0.0, False, None, 0, None, 0, {})
+    assert h.smooth_floor(prev, v_new, 0.42, CFG, now=1.0) == (0.4, 0.42)  # new cap: fresh, on the grid
+    assert h.smooth_floor(prev, v_new, 0.0, CFG, now=1.0) == (None, 0.0)
+
+
+def test_max_batch_within_a_factor_of_two_keeps_the_old_one():
+    prev = TenantState(k=8, policy=SpeculationPolicy(max_batch=32))
+    same = h.Verdict(8, 8, "", False, 0.0, {}, 0.0, False, None, 0, None, 0, {})
+    assert h.steady_max_batch(prev, same, 48) == 32
+    assert h.steady_max_batch(prev, same, 96) == 96
+    assert h.steady_max_batch(prev, same, None) is None
+    moved = h.Verdict(8, 4, "", False, 0.0, {}, 0.0, False, None, 0, None, 0, {})
+    assert h.steady_max_batch(prev, moved, 48) == 48
+
+
+def test_remember_restarts_dwell_on_change_only():
+    prev = TenantState(k=8, since=5.0, policy=SpeculationPolicy(max_draft=8), provisional=True)
+    v = h.Verdict(8, 8, "", False, 0.0, {}, 0.0, True, None, 0, None, 0, {4: 0.5, 8: 1.0})
+    same = h.remember(prev, v, prev.policy, None, 0.0, False, now=50.0)
+    assert same.since == 5.0 and same.provisional and same.smoothed == ((4, 0.5), (8, 1.0)) and same.theta_ema == 0.0
+    new_policy = SpeculationPolicy(max_draft=8, min_confidence=0.2)
+    assert h.policy_changed(prev, new_policy)
+    moved = h.remember(prev, v, new_policy, 0.2, 0.2, True, now=50.0)
+    assert moved.since == 50.0 and moved.provisional  # thin evidence: not protected by dwell
+    off = h.Verdict(8, 0, "", False, 0.0, {}, 0.0, False, None, 0, None, 0, {})
+    assert h.remember(prev, off, SpeculationPolicy(enabled=False), None, 0.3, True, now=50.0).theta_ema is None

@@ -1,0 +1,50 @@
+"""The single-node composition (`specgate.node`): gateway + admin API +
+controller in one process, on the gateway's own in-memory store (no Redis),
+with the controller reading the gateway's scrapes instead of its own."""
+
+from __future__ import annotations
+
+import httpx
+
+from contract.settings import Settings
+from specgate.node import create_node_app
+from tests.controller.conftest import ADMIN_KEY
+from tests.controller.servers import serve, sim_replica, wait_for
+
+
+def _settings(name: str, url: str) -> Settings:
+    return Settings(
+        replicas=[{"name": name, "url": url, "profile": "dspark-b8"}],
+        admin_key=ADMIN_KEY,
+        gateway={"policy_poll_s": 0.2, "health_interval_s": 0.2, "metrics_interval_s": 0.2},
+        controller={"tick_s": 0.2, "instance_id": "embedded"},
+    )
+
+
+async def test_embedded_controller_starts_and_stops_with_the_lifespan_and_publishes_to_its_gateway():
+    async with sim_replica("dspark-b8", "sim-e") as url:
+        app = create_node_app(_settings("sim-e", url), controller=True)  # no redis_url: embedded MemoryStore
+        async with serve(app) as gw:
+            state = app.state.gateway
+            controller = app.state.admin.controller
+            await wait_for(lambda: state.policies.version > 0, 10, what="embedded controller to publish")
+            assert "*" in state.policies.policies
+            assert controller.is_leader and controller.snapshots is not None  # the gateway's scrapes, not its own
+            await wait_for(lambda: controller.core.replicas.replicas.get("sim-e") is not None
+                           and controller.core.replicas.replicas["sim-e"].samples > 0, 10, what="a replica sample")
+            async with httpx.AsyncClient(base_url=gw, headers={"Authorization": f"Bearer {ADMIN_KEY}"}) as http:
+                text = (await http.get("/admin/controller/metrics")).text
+                assert "specgate_controller_is_leader 1.0" in text
+                status = (await http.get("/admin/controller")).json()
+                assert status["leader"] == "embedded"
+        assert not controller.is_leader
+
+
+async def test_without_a_controller_the_admin_api_is_still_mounted():
+    async with sim_replica("dspark-b8", "sim-n") as url:
+        app = create_node_app(_settings("sim-n", url))
+        async with serve(app) as gw:
+            async with httpx.AsyncClient(base_url=gw, headers={"Authorization": f"Bearer {ADMIN_KEY}"}) as http:
+                assert (await http.get("/admin/tenants")).status_code == 200
+                r = await http.get("/admin/controller/metrics")
+                assert r.status_code == 404 and r.json()["error"]["message"] == "no controller runs in this process"

@@ -1,0 +1,135 @@
+"""The package boundaries, read from the source: the gateway (data plane) and
+the controller (control plane) are siblings that never import each other;
+they agree through `contract`, which imports neither (nor anything else of
+specgate); only `specgate` (the composition and the CLI) may import both.
+No cycle inside one package either, TYPE_CHECKING imports included: a cycle
+there is still a pair of modules that cannot be read one without the other.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("contract", "gateway", "controller", "drafters", "specgate")
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _imports(path: Path) -> set[str]:
+    """Every module this file imports, at any depth (function bodies included)."""
+    module = _module_name(path)
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - (node.level - 1)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            found.add(target)
+            found.update(f"{target}.{alias.name}" for alias in node.names)
+    return found
+
+
+def _graph() -> dict[str, set[str]]:
+    modules = {_module_name(p): p for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        graph[name] = {m for m in _imports(path) if m in modules and m != name}
+    return graph
+
+
+GRAPH = _graph()
+
+
+def _top(module: str) -> str:
+    return module.split(".")[0]
+
+
+@pytest.mark.parametrize(
+    ("importer", "forbidden"),
+    [
+        ("gateway", {"controller", "specgate"}),
+        ("controller", {"gateway", "specgate"}),
+        ("contract", {"gateway", "controller", "drafters", "specgate"}),
+        ("drafters", {"gateway", "controller", "specgate"}),
+    ],
+)
+def test_no_import_edge_across_the_boundary(importer, forbidden):
+    edges = sorted(
+        f"{src} -> {dst}" for src, dsts in GRAPH.items() if _top(src) == importer for dst in dsts if _top(dst) in forbidden
+    )
+    assert not edges, f"{importer} must not import {sorted(forbidden)}:\n" + "\n".join(edges)
+
+
+def _cycles_within(package: str) -> list[list[str]]:
+    nodes = {m for m in GRAPH if _top(m) == package}
+    edges = {m: {d for d in GRAPH[m] if d in nodes and not (d == package)} for m in nodes}
+    # Tarjan's strongly connected components.
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in edges[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(nodes):
+        if v not in index:
+            visit(v)
+    return out
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_no_import_cycle_inside_a_package(package):
+    """A package's `__init__` re-exporting its modules is not a cycle worth
+    the name; every other strongly connected component is."""
+    assert _cycles_within(package) == []
+
+
+def test_the_graph_sees_the_tree():
+    """Guard against a walker that finds nothing (and so passes everything)."""
+    assert "contract.policy" in GRAPH["controller.service"]
+    assert "gateway.app" in GRAPH["specgate.node"] and "controller.service" in GRAPH["specgate.node"]
+
+
+def test_only_the_controller_writes_the_policy_set():
+    """One writer: the controller's loop and its admin API publish policies
+    (`contract.policy.publish_policies`); the gateway only reads them."""
+    writers = sorted(
+        name for name, path in ((_module_name(p), p) for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.py"))
+        if "contract.policy.publish_policies" in _imports(path)
+    )
+    assert writers and all(_top(w) == "controller" for w in writers), writers
