@@ -35,7 +35,7 @@ then the issue's target ratios. Usage:
 
     .venv/bin/python bench/control_sweep.py            # full run (~65 min of CPU; --jobs parallel processes)
     .venv/bin/python bench/control_sweep.py --quick    # shorter phases / fewer points
-    .venv/bin/python bench/control_sweep.py --trace-only   # the phase trace alone (~9 min of CPU)
+    .venv/bin/python bench/control_sweep.py --trace-only   # the phase trace alone (~15 min on 2 cores)
 """
 
 from __future__ import annotations
