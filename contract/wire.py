@@ -8,7 +8,7 @@ error bodies and ``/v1/models``.  The simulated replica
 (``drafters.sim.server``) and the fast fake backend of the gateway tests
 (``tests/support/fake_openai_backend.py``) both build through this module, so
 they cannot drift apart; the gateway only *reads* this format
-(``gateway/sse.py``, ``gateway/proxy.py``).
+(``gateway/sse.py``, ``gateway/relay.py``).
 
 What is mirrored, from vLLM's ``entrypoints/openai`` (pydantic models dumped
 with ``model_dump()`` for bodies, ``model_dump_json(exclude_unset=True)`` for
