@@ -187,22 +187,25 @@ class PlanGate:
     one replica at a time, none restarted within `min_interval_s`.
     """
 
-    def __init__(self, restart_s: float = 30.0, payback: float = 1.0, min_gain: float = 1.05,
-                 min_interval_s: float = 120.0, min_confirm_s: float = 30.0, min_loss: float = 0.8, grace_s: float = 15.0) -> None:
-        self.restart_s = restart_s
-        self.min_loss = min_loss
-        self.payback = payback
-        self.min_gain = min_gain
-        self.min_interval_s = min_interval_s
-        self.min_confirm_s = min_confirm_s
-        self.grace_s = grace_s
+    def __init__(self, settings: RestartGateSettings | None = None, **overrides: float) -> None:
+        """The gate's numbers and their defaults are `RestartGateSettings`'
+        (stated once, in the settings tree); keyword overrides are validated
+        against it (tests, experiments)."""
+        s = RestartGateSettings.model_validate({**(settings or RestartGateSettings()).model_dump(), **overrides})
+        self.restart_s = s.restart_s
+        self.min_loss = s.min_loss
+        self.payback = s.payback
+        self.min_gain = s.min_gain
+        self.min_interval_s = s.min_interval_s
+        self.min_confirm_s = s.min_confirm_s
+        self.grace_s = s.grace_s
         # recommended profile -> (streak start, credit = integral of (gain - 1) dt, last seen); fleet-wide
         self._streak: dict[str, tuple[float, float, float]] = {}
         self._last_restart: dict[str, float] = {}
 
     @classmethod
     def from_settings(cls, settings: RestartGateSettings) -> PlanGate:
-        return cls(**settings.model_dump())
+        return cls(settings)
 
     def hold(self, now: float) -> None:
         """Freeze the streaks at `now` (a restart in progress, or the controller paused)."""
