@@ -133,7 +133,7 @@ class ControllerPolicy(BasePolicy):
         self.settings = settings
         self.core = ControlCore(
             cfg.decision,
-            cost_factory=lambda name: ReplicaCost.for_names(cfg.gpu, cfg.model),
+            cost_factory=lambda name, profile: ReplicaCost.for_names(cfg.gpu, cfg.model, profile, cfg.step_cost_half_life_s),
             half_life_s=cfg.half_life_s,
             tpot_targets=tpot_targets,
             unhealthy_after_failures=cfg.unhealthy_after_failures,
@@ -411,10 +411,9 @@ def main() -> None:
           f"fleet plan ({RESTART_S:.0f} s simulated restart); `controller(knobs-only)` has no actuator.")
     gate = settings.controller.restart_gate
     print("controller settings: restart_gate " + ", ".join(f"{k}={v}" for k, v in gate.model_dump().items())
-          + f"; cost model {settings.controller.gpu}/{settings.controller.model}; tick {settings.controller.tick_s} s")
-    if (settings.controller.gpu, settings.controller.model) != (GPU, MODEL):
-        print(f"WARNING: the controller's cost model ({settings.controller.gpu}/{settings.controller.model}) is not the "
-              f"simulated fleet's ({GPU}/{MODEL})")
+          + "; step cost learned from the replicas' /metrics, prior "
+          + (f"{settings.controller.gpu}/{settings.controller.model}" if settings.controller.gpu else "generic (no preset)")
+          + f"; tick {settings.controller.tick_s} s")
     summary: list[str] = []
 
     if not args.trace_only:

@@ -25,7 +25,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from drafters.calibration import evaluate_all, format_table  # noqa: E402
-from contract.profiles import PROFILE_LABELS  # noqa: E402
+from drafters.sim.engine_types import SIMULATED_PROFILE_LABELS  # noqa: E402
 from drafters.sim import EngineConfig, TenantSpec, run_closed_loop  # noqa: E402
 
 CONCURRENCY = (1, 4, 16, 64, 128, 256)
@@ -35,7 +35,7 @@ MODELS = ("qwen3-8b", "qwen3-14b")
 def sweep(gpu: str, model: str, workload: str, seconds: float, warmup: float, seed: int) -> dict:
     tenants = [TenantSpec("bench", workload, prompt_mean=400, output_mean=300)]
     out: dict[str, dict[int, tuple[float, float, float | None]]] = {}
-    for profile in PROFILE_LABELS:
+    for profile in SIMULATED_PROFILE_LABELS:
         out[profile] = {}
         for c in CONCURRENCY:
             rep = run_closed_loop(EngineConfig(gpu=gpu, model=model, profile=profile, seed=seed), c, tenants,
@@ -66,7 +66,7 @@ def print_table(gpu: str, model: str, res: dict) -> None:
     print(f"\n== {gpu.upper()} + {model}  (SIMULATED; closed loop, output tok/s [x vs off] / TPOT p50 ms; AL) ==")
     head = f"{'profile':14s}" + "".join(f"{'c=' + str(c):>22s}" for c in CONCURRENCY) + f"{'stops paying':>18s}"
     print(head)
-    for profile in PROFILE_LABELS:
+    for profile in SIMULATED_PROFILE_LABELS:
         cells = []
         for c in CONCURRENCY:
             tput, tpot, al = res[profile][c]
@@ -74,7 +74,7 @@ def print_table(gpu: str, model: str, res: dict) -> None:
             cells.append(f"{tput:7.0f} [{ratio:4.2f}x] {tpot:5.1f}")
         tail = "" if profile == "off" else stops_paying(res, profile)
         print(f"{profile:14s}" + "".join(f"{x:>22s}" for x in cells) + f"{tail:>18s}")
-    als = {p: res[p][1][2] for p in PROFILE_LABELS if res[p][1][2]}
+    als = {p: res[p][1][2] for p in SIMULATED_PROFILE_LABELS if res[p][1][2]}
     print("acceptance length at c=1: " + ", ".join(f"{p} {v:.2f}" for p, v in als.items()))
 
 

@@ -49,7 +49,7 @@ from pydantic_settings import (
 )
 
 from .policy import SpeculationPolicy
-from .profiles import parse_profile
+from .profiles import LABEL_PATTERNS, parse_profile
 
 # The cost-model preset every part falls back to (drafters.costmodel names).
 DEFAULT_GPU = "h200"
@@ -71,7 +71,7 @@ class ReplicaConfig(_Strict):
     name: str | None = None
     model: str | None = None
     profile: str | None = Field(
-        default=None, description="speculation profile label: off, dspark-b4, dspark-b8, dspark-b16 (+ '-av')"
+        default=None, description=f"speculation profile label: {LABEL_PATTERNS}"
     )
 
     @field_validator("url")
@@ -233,15 +233,29 @@ class ControllerSettings(_Strict):
         default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}",
         description="this instance's leader-lock identity (default host-pid-random)",
     )
-    gpu: str = Field(default=DEFAULT_GPU, description="cost-model GPU preset (drafters.costmodel: h100, h200, ...)")
-    model: str = Field(default=DEFAULT_MODEL, description="cost-model target preset (qwen3-8b, qwen3-14b, ...)")
+    gpu: str | None = Field(
+        default=None,
+        description="optional step-cost prior: GPU preset (drafters.costmodel: h100, h200, ...); the curve is learned from each replica's /metrics either way",
+    )
+    model: str | None = Field(
+        default=None, description="optional step-cost prior: target preset (qwen3-8b, qwen3-14b, ...); used with gpu"
+    )
     scrape_timeout_s: float = Field(default=1.0, gt=0, description="standalone controller's replica /metrics timeout")
     dcgm_url: str | None = Field(default=None, description="dcgm-exporter base URL whose gauges overlay every replica")
     half_life_s: float = Field(default=300.0, gt=0, description="half-life of the per-tenant acceptance estimates")
+    step_cost_half_life_s: float = Field(
+        default=300.0, gt=0, description="half-life of the evidence behind each replica's learned step-time curve"
+    )
     top_tenants: int = Field(default=20, ge=1, description="tenants with their own controller metric label")
     unhealthy_after_failures: int = Field(default=3, ge=1, description="consecutive failed scrapes that mark a replica unhealthy")
     decision: DecisionSettings = Field(default_factory=DecisionSettings)
     restart_gate: RestartGateSettings = Field(default_factory=RestartGateSettings)
+
+    @model_validator(mode="after")
+    def _prior_pair(self) -> "ControllerSettings":
+        if (self.gpu is None) != (self.model is None):
+            raise ValueError("controller.gpu and controller.model name one step-cost prior together: set both or neither")
+        return self
 
     @property
     def ttl_s(self) -> float:

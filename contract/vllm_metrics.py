@@ -31,6 +31,9 @@ class VllmMetricsSnapshot:
     iteration_tokens_count: float | None = None  # number of engine steps
     generation_tokens: float | None = None
     prompt_tokens: float | None = None
+    # Prompt tokens the engine computed itself (`prompt_tokens_by_source`,
+    # source=local_compute: prefix-cache hits excluded); None when not exported.
+    prompt_tokens_computed: float | None = None
     # GPU gauges (dcgm-exporter names), when the endpoint carries them.
     gpu_util: float | None = None
     sm_active: float | None = None
@@ -85,6 +88,9 @@ def parse_vllm_metrics(text: str) -> VllmMetricsSnapshot:
             elif family.name == "vllm:spec_decode_num_accepted_tokens_per_pos" and name.endswith("_total"):
                 pos = int(labels.get("position", 0))
                 snap.spec_accepted_per_pos[pos] = snap.spec_accepted_per_pos.get(pos, 0.0) + value
+            elif family.name == "vllm:prompt_tokens_by_source" and name.endswith("_total"):
+                if labels.get("source") == "local_compute":
+                    sums["prompt_tokens_computed"] = sums.get("prompt_tokens_computed", 0.0) + value
             elif family.name == "vllm:iteration_tokens_total":
                 if name.endswith("_sum"):
                     sums["iteration_tokens_sum"] = sums.get("iteration_tokens_sum", 0.0) + value

@@ -28,8 +28,8 @@ def register(app: typer.Typer) -> None:
         host: str = typer.Option("127.0.0.1", "--host", "--metrics-host", help="bind address of --admin-port / --metrics-port"),
         instance_id: Optional[str] = typer.Option(None, "--id", help="instance id (controller.instance_id)"),
         min_dwell_s: Optional[float] = typer.Option(None, "--min-dwell", help="controller.decision.min_dwell_s"),
-        gpu: Optional[str] = typer.Option(None, "--gpu", help="cost-model GPU (controller.gpu: h100, h200)"),
-        model: Optional[str] = typer.Option(None, "--model", help="cost-model target (controller.model: qwen3-8b, qwen3-14b)"),
+        gpu: Optional[str] = typer.Option(None, "--gpu", help="optional step-cost prior, GPU preset (controller.gpu: h100, h200); the curve is learned either way"),
+        model: Optional[str] = typer.Option(None, "--model", help="optional step-cost prior, target preset (controller.model: qwen3-8b, qwen3-14b); with --gpu"),
     ) -> None:
         """Run the speculation controller (standalone; leader-elected through the store)."""
         from contract.settings import ConfigError, load_settings

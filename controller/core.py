@@ -18,6 +18,7 @@ from contract.vllm_metrics import VllmMetricsSnapshot
 
 from .costs import ReplicaCost
 from .decision import FULL, Decision, DecisionConfig, TenantState, decide
+from .decision.views import method_of
 from .estimators import ReplicaEstimator, TenantEstimator, replica_views
 from .signals import ReplicaDeltaTracker, TelemetryDeltaTracker
 
@@ -26,13 +27,13 @@ class ControlCore:
     def __init__(
         self,
         decision_config: DecisionConfig | None = None,
-        cost_factory: Callable[[str], ReplicaCost] | None = None,
+        cost_factory: Callable[[str, str], ReplicaCost] | None = None,
         half_life_s: float = 300.0,
         tpot_targets: dict[str, float | None] | None = None,
         unhealthy_after_failures: int = 3,
     ) -> None:
         self.decision_config = decision_config or DecisionConfig()
-        self.cost_factory = cost_factory or (lambda name: ReplicaCost.for_names())
+        self.cost_factory = cost_factory or (lambda name, profile: ReplicaCost.for_names(profile=profile))
         self.replicas = ReplicaEstimator()
         self._scrape_failures: dict[str, int] = {}
         self.unhealthy_after_failures = unhealthy_after_failures
@@ -47,7 +48,7 @@ class ControlCore:
     def observe_replica(self, name: str, profile: str, at: float, snap: VllmMetricsSnapshot | None) -> None:
         cost = self._costs.get(name)
         if cost is None:
-            cost = self._costs[name] = self.cost_factory(name)
+            cost = self._costs[name] = self.cost_factory(name, profile)
         est = self.replicas.ensure(name, profile, cost)
         if snap is None:
             # Like the gateway's health checks: only consecutive failures mark a
@@ -73,7 +74,8 @@ class ControlCore:
         # applied: adaptive verification verifies the *most promising* slots,
         # so acceptance over verified slots overstates what longer drafts
         # would get; vLLM's own accepted/drafted is the conservative choice.
-        self.tenants.update(self.telemetry_tracker.update(counters))
+        methods = {name: method_of(est.profile) for name, est in self.replicas.replicas.items()}
+        self.tenants.update(self.telemetry_tracker.update(counters), methods=methods)
 
     def seed(self, policies: dict[str, SpeculationPolicy], now: float) -> None:
         """Adopt already-published policies as hysteresis state (failover)."""

@@ -1,14 +1,13 @@
-"""Per-replica step-time model for the decision: `drafters.costmodel` (the
-roofline every part of specgate shares), refined online.
+"""Per-replica step-time model for the decision: the curve each replica's
+own /metrics teach (`step_cost.StepCostLearner`), with an optional roofline
+preset as its prior.
 
-Why refine: the roofline's effective bandwidth and FLOP fractions are fitted
-to published points, not to *this* replica. The controller observes each
-replica's real step time (interval / engine steps from vLLM's
-`iteration_tokens` histogram count) at a known step shape, and scales the
-memory or compute side — whichever the model says dominated that step — by
-the observed/predicted ratio (EMA in log space, clipped). The knee moves
-with the ratio of the two scales, so rho = tokens per step / knee is
-calibrated to the machine, not to a datasheet.
+Why a preset is only a prior: `drafters.costmodel` describes named hardware
+(`--gpu h200 --model qwen3-8b`); a replica that is not that pair -- another
+GPU, another model, a CPU -- would be priced with a knee that can be 10x
+off. So the preset (when given) shapes the curve only until the replica's
+own steps have been seen at two or more loads; without a preset the
+generic prior does the same, and the controller needs no hint at all.
 """
 
 from __future__ import annotations
@@ -17,8 +16,16 @@ import math
 from dataclasses import dataclass, field
 
 from contract.profiles import parse_profile as _parse_label
-from contract.settings import DEFAULT_GPU, DEFAULT_MODEL
 from drafters import costmodel as cm
+
+from .step_cost import (
+    GENERIC_PRIOR,
+    Prior,
+    StepCostLearner,
+    StepCurve,
+    StepPoint,
+    fit_step_curve,
+)
 
 
 def parse_profile(label: str | None) -> tuple[int, bool]:
@@ -29,58 +36,109 @@ def parse_profile(label: str | None) -> tuple[int, bool]:
     return profile.block_size, profile.adaptive
 
 
+# Context length the preset's curve is sampled at (attention reads grow with
+# it; the learned curve absorbs the replica's real mix).
+_PRIOR_CONTEXT = 1024.0
+
+
+def roofline_prior(gpu: str, model: str, block: int = 0, model_drafter: bool = True) -> Prior:
+    """A preset's roofline, reduced to the learner's shape: the flat-then-linear
+    curve closest to it over 1..8192 tokens per step (batch = tokens / (1 +
+    block)), and its drafter's cost per drafting request at a mid-size batch
+    (none for a model-free drafter such as ngram)."""
+    g, m = cm.get_gpu(gpu), cm.get_model(model)
+    points = []
+    for i in range(0, 27):
+        n = int(round(2 ** (i / 2)))
+        b = max(1, n // (1 + block))
+        points.append(StepPoint(float(n), cm.step_time_s(g, m, n, b, _PRIOR_CONTEXT)))
+    flat = Prior(StepCurve(points[0].step_s, 64.0, points[0].step_s / 64.0), knee_strength=0.0,
+                 shape_strength=0.0, draft_strength=0.0)
+    curve = fit_step_curve(points, flat)
+    fixed = per_request = 0.0
+    if block > 0 and model_drafter:
+        one = cm.drafter_time_s(g, m, 1, block, _PRIOR_CONTEXT)
+        per_request = max(0.0, cm.drafter_time_s(g, m, 64, block, _PRIOR_CONTEXT) - one) / 63
+        fixed = max(0.0, one - per_request)
+    return Prior(StepCurve(curve.flat_s, curve.knee_tokens, curve.slope_s, per_request, fixed), label=f"{gpu}/{model}")
+
+
+def prior_for(gpu: str | None, model: str | None, profile: str | None = None) -> Prior:
+    """The prior a replica's learner starts from: the named preset's roofline
+    when both names are given, else the generic shape."""
+    if not gpu or not model:
+        return GENERIC_PRIOR
+    parsed = _parse_label(profile or "off")
+    method = getattr(parsed, "method", "dspark")
+    return roofline_prior(gpu, model, parsed.block_size, model_drafter=method != "ngram")
+
+
 @dataclass
 class ReplicaCost:
-    """CostFn over drafters.costmodel with online scale factors."""
+    """CostFn (see decision.views) over one replica's learned step curve."""
 
-    gpu: cm.GpuSpec
-    model: cm.ModelSpec
-    mem_scale: float = 1.0
-    compute_scale: float = 1.0
-    updates: int = 0
-    _scaled: cm.GpuSpec | None = field(default=None, repr=False)
+    learner: StepCostLearner = field(default_factory=StepCostLearner)
 
     @classmethod
-    def for_names(cls, gpu: str = DEFAULT_GPU, model: str = DEFAULT_MODEL) -> "ReplicaCost":
-        return cls(cm.get_gpu(gpu), cm.get_model(model))
+    def for_names(
+        cls, gpu: str | None = None, model: str | None = None, profile: str | None = None, half_life_s: float = 300.0
+    ) -> "ReplicaCost":
+        return cls(StepCostLearner(prior=prior_for(gpu, model, profile), half_life_s=half_life_s))
 
     @property
-    def scaled_gpu(self) -> cm.GpuSpec:
-        if self._scaled is None:
-            self._scaled = cm.with_overrides(
-                self.gpu, bw_eff=self.gpu.bw_eff / self.mem_scale, flops_eff=self.gpu.flops_eff / self.compute_scale
-            )
-        return self._scaled
+    def curve(self) -> StepCurve:
+        return self.learner.current()
+
+    @property
+    def updates(self) -> int:
+        return self.learner.observations
 
     def step_time_s(
         self, batch: float, verify_tokens: float, draft_len: int, context_tokens: float, drafting_batch: float | None = None
     ) -> float:
-        """Drafter pass (for `drafting_batch` sequences, default all, over `draft_len`) + verify step."""
+        """One engine step verifying `verify_tokens` (drafts + 1 per request,
+        plus prefill) with `drafting_batch` requests (default: all) drafting
+        when `draft_len` > 0."""
+        n = max(verify_tokens, batch, 1.0)
+        drafting = 0.0 if draft_len <= 0 else max(batch if drafting_batch is None else drafting_batch, 0.0)
+        return self.curve.step_time_s(n, drafting, 1.0 if drafting > 0 else 0.0)
+
+    def knee_tokens(self, batch: float, context_tokens: float) -> float:
+        return self.curve.knee_tokens
+
+    def observe(self, dt_s: float, steps: float, forward_tokens: float, drafting_requests: float, batch: float) -> bool:
+        """One busy scrape interval (see `StepCostLearner.observe`)."""
+        return self.learner.observe(dt_s, steps, forward_tokens, drafting_requests, batch)
+
+    def describe(self) -> dict:
+        return self.learner.describe()
+
+
+@dataclass(frozen=True)
+class RooflineCost:
+    """CostFn of a named preset's full roofline (`drafters.costmodel`: batch
+    and context dependence, the drafter's pass), with no learning.
+
+    Why keep it beside the learned curve: it is the simulator's own truth, so
+    decision tests and what-if pricing can pose a question against a known
+    machine exactly; the live controller prices with `ReplicaCost`.
+    """
+
+    gpu: cm.GpuSpec
+    model: cm.ModelSpec
+
+    @classmethod
+    def for_names(cls, gpu: str, model: str) -> "RooflineCost":
+        return cls(cm.get_gpu(gpu), cm.get_model(model))
+
+    def step_time_s(
+        self, batch: float, verify_tokens: float, draft_len: int, context_tokens: float, drafting_batch: float | None = None
+    ) -> float:
         b = max(int(round(batch)), 1)
         n = max(int(math.ceil(verify_tokens)), b)
         d = b if drafting_batch is None else max(int(math.ceil(drafting_batch - 1e-9)), 0)
-        draft = cm.drafter_time_s(self.scaled_gpu, self.model, d, draft_len, context_tokens) if draft_len > 0 and d > 0 else 0.0
-        return draft + cm.step_time_s(self.scaled_gpu, self.model, n, b, context_tokens)
+        draft = cm.drafter_time_s(self.gpu, self.model, d, draft_len, context_tokens) if draft_len > 0 and d > 0 else 0.0
+        return draft + cm.step_time_s(self.gpu, self.model, n, b, context_tokens)
 
     def knee_tokens(self, batch: float, context_tokens: float) -> float:
-        return cm.knee_tokens(self.scaled_gpu, self.model, max(int(round(batch)), 1), context_tokens)
-
-    def observe(
-        self, batch: float, tokens_per_step: float, draft_len: int, context_tokens: float, observed_step_s: float,
-        weight: float = 0.2, drafting_batch: float | None = None,
-    ) -> None:
-        """Fold one observed step time into the scale of the dominant side."""
-        if observed_step_s <= 0 or batch < 1 or tokens_per_step <= 0:
-            return
-        b = max(int(round(batch)), 1)
-        predicted = self.step_time_s(b, tokens_per_step, draft_len, context_tokens, drafting_batch)
-        if predicted <= 0:
-            return
-        ratio = min(2.0, max(0.5, observed_step_s / predicted))
-        breakdown = cm.step_breakdown(self.scaled_gpu, self.model, int(math.ceil(tokens_per_step)), b, context_tokens)
-        attr = "compute_scale" if breakdown.compute_bound else "mem_scale"
-        current = getattr(self, attr)
-        new = math.exp((1 - weight) * math.log(current) + weight * math.log(current * ratio))
-        setattr(self, attr, min(4.0, max(0.25, new)))
-        self._scaled = None
-        self.updates += 1
+        return cm.knee_tokens(self.gpu, self.model, max(int(round(batch)), 1), context_tokens)

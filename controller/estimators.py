@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from .acceptance_fit import fit_conditional_acceptance
+from .acceptance_fit import expected_accepted, fit_conditional_acceptance
 from .costs import ReplicaCost, parse_profile
 from .decision import ReplicaInput, TenantView
 from .signals import ReplicaSample, TenantSample
@@ -104,7 +104,9 @@ class ReplicaEstimator:
         est.waiting = sample.waiting if first else a * sample.waiting + (1 - a) * est.waiting
         est.kv_usage = sample.kv_usage
         if sample.iterations > 0:
-            tps = sample.iteration_tokens / sample.iterations
+            # Forward tokens per step (verify work and prefill included): what
+            # the step cost and the knee are measured in.
+            tps = sample.forward_tokens / sample.iterations
             est.tokens_per_step = tps if est.tokens_per_step is None else a * tps + (1 - a) * est.tokens_per_step
             step = sample.dt_s / sample.iterations
             # The interval is all steps only when the engine never idled in it.
@@ -113,9 +115,9 @@ class ReplicaEstimator:
                 est.prefill_ratio = ratio if est.samples == 1 else b * ratio + (1 - b) * est.prefill_ratio
             if sample.running >= 1:
                 est.step_time_s = step if est.step_time_s is None else a * step + (1 - a) * est.step_time_s
-                drafting = sample.drafts / sample.iterations
-                draft_len = math.ceil(sample.draft_tokens / sample.drafts) if sample.drafts > 0 else 0
-                est.cost.observe(sample.running, tps, draft_len, est.context_tokens, step, drafting_batch=drafting)
+                requests_per_step = max(sample.generation_tokens - sample.accepted_tokens, 0.0) / sample.iterations
+                est.cost.observe(sample.dt_s, sample.iterations, sample.forward_tokens, sample.drafts,
+                                 max(requests_per_step, 1.0))
         elif sample.running < 1:
             est.tokens_per_step = None if est.tokens_per_step is None else (1 - a) * est.tokens_per_step
         if sample.draft_tokens > 0 and sample.iterations > 0:
@@ -149,18 +151,26 @@ class _TenantSums:
 
 
 class TenantEstimator:
-    """Per-tenant decayed acceptance, shrunk toward the fleet mean."""
+    """Per-tenant decayed acceptance, shrunk toward the fleet mean; kept per
+    speculation method as well (`method_acceptance`), because one tenant's
+    text is accepted at very different rates by an ngram lookup and by a
+    trained drafter."""
 
     def __init__(self, half_life_s: float = 300.0, mix_half_life_s: float = 5.0, prior_steps: float = 100.0) -> None:
         self.half_life_s = half_life_s
         self.mix_half_life_s = mix_half_life_s
         self.prior_steps = prior_steps
         self.sums: dict[str, _TenantSums] = {}
-        self.fleet_prior = 0.7  # conditional acceptance before any data (DSpark-like drafter)
+        self.method_sums: dict[tuple[str, str], _TenantSums] = {}  # (tenant, method) -> acceptance sums
+        self.fleet_prior = 0.7  # conditional acceptance before any data at all (a trained drafter)
 
     def decay(self, dt_s: float) -> None:
         d = _decay(self.half_life_s, dt_s)
         dm = _decay(self.mix_half_life_s, dt_s)
+        for s in self.method_sums.values():
+            s.steps *= d
+            s.drafted *= d
+            s.accepted *= d
         for s in self.sums.values():
             s.steps *= d
             s.drafted *= d
@@ -173,11 +183,22 @@ class TenantEstimator:
                 if s.by_replica[r] < 1e-3:
                     del s.by_replica[r]
 
-    def update(self, samples: list[TenantSample], verify_ratio: dict[str, float] | None = None) -> None:
+    def update(
+        self, samples: list[TenantSample], verify_ratio: dict[str, float] | None = None,
+        methods: dict[str, str] | None = None,
+    ) -> None:
         """Fold interval samples in; `verify_ratio` (per replica, see ReplicaEstimate)
-        turns drafted tokens into verified ones before fitting acceptance."""
+        turns drafted tokens into verified ones before fitting acceptance;
+        `methods` (replica -> speculation method) files them per method too."""
         verify_ratio = verify_ratio or {}
+        methods = methods or {}
         for smp in samples:
+            method = methods.get(smp.replica)
+            if method and method != "off" and smp.get("num_spec_steps") > 0:
+                ms = self.method_sums.setdefault((smp.tenant, method), _TenantSums())
+                ms.steps += smp.get("num_spec_steps")
+                ms.drafted += smp.get("num_draft_tokens") * verify_ratio.get(smp.replica, 1.0)
+                ms.accepted += smp.get("num_accepted_draft_tokens")
             s = self.sums.setdefault(smp.tenant, _TenantSums())
             s.steps += smp.get("num_spec_steps")
             s.drafted += smp.get("num_draft_tokens") * verify_ratio.get(smp.replica, 1.0)
@@ -211,6 +232,28 @@ class TenantEstimator:
         a = fit_conditional_acceptance(s.steps + n0, s.drafted + n0 * per_step_d, s.accepted + n0 * per_step_a)
         return (self.fleet_acceptance() if a is None else a), s.steps
 
+    def method_acceptance(self, tenant: str) -> dict[str, float]:
+        """{method: the tenant's acceptance on that method}, each shrunk toward
+        the method's fleet mean (or, for a method with too little fleet data,
+        toward the tenant's overall estimate); only methods it has data on."""
+        out: dict[str, float] = {}
+        for (t, method), s in self.method_sums.items():
+            if t != tenant or s.steps <= 0:
+                continue
+            fleet = [v for (_, m), v in self.method_sums.items() if m == method]
+            f_steps = sum(v.steps for v in fleet)
+            f_a = fit_conditional_acceptance(f_steps, sum(v.drafted for v in fleet), sum(v.accepted for v in fleet))
+            if f_a is None:
+                f_a = self.acceptance(tenant)[0]
+            per_step_d = sum(v.drafted for v in fleet) / f_steps
+            n0 = self.prior_steps
+            # Pseudo-counts at the method's fleet acceptance, drafted like its fleet.
+            pseudo_acc = n0 * expected_accepted(f_a, per_step_d)
+            a = fit_conditional_acceptance(s.steps + n0, s.drafted + n0 * per_step_d, s.accepted + pseudo_acc)
+            if a is not None:
+                out[method] = a
+        return out
+
     def prefill_ratio(self) -> float | None:
         """Prompt tokens per generated token over finished requests: the
         steady-state share of prefill in the steps. Unlike the replicas'
@@ -238,7 +281,7 @@ class TenantEstimator:
             if s and s.by_replica:
                 total = sum(s.by_replica.values())
                 shares = {r: v / total for r, v in s.by_replica.items() if total > 0}
-            out.append(TenantView(t, a, n, tpot_targets.get(t), shares))
+            out.append(TenantView(t, a, n, tpot_targets.get(t), shares, self.method_acceptance(t)))
         return out
 
     def replica_mix(self) -> dict[str, dict[str, float]]:

@@ -60,6 +60,26 @@ class ControllerMetrics:
         self.plan_gain = Gauge(
             "specgate_controller_fleet_plan_gain", "Predicted gain of the recommended profile", ["replica"], registry=r
         )
+        self.step_flat = Gauge(
+            "specgate_controller_replica_step_flat_seconds",
+            "Learned step time below the knee (see docs/controller.md, step cost)", ["replica"], registry=r,
+        )
+        self.step_knee = Gauge(
+            "specgate_controller_replica_step_knee_tokens",
+            "Learned knee: forward tokens per step where the step turns compute-bound", ["replica"], registry=r,
+        )
+        self.step_slope = Gauge(
+            "specgate_controller_replica_step_slope_seconds_per_token",
+            "Learned step time per forward token above the knee", ["replica"], registry=r,
+        )
+        self.step_draft = Gauge(
+            "specgate_controller_replica_step_draft_seconds",
+            "Learned drafter cost per drafting request in a step", ["replica"], registry=r,
+        )
+        self.step_points = Gauge(
+            "specgate_controller_replica_step_cost_points",
+            "Distinct load points behind the learned step curve (0 = prior only)", ["replica"], registry=r,
+        )
         self.scrape_failures = Counter(
             "specgate_controller_scrape_failures", "Failed replica /metrics scrapes", ["replica"], registry=r
         )
@@ -92,6 +112,17 @@ class ControllerMetrics:
             self.goodput.labels(name).set(reg.predicted_goodput_tok_s)
             self.plan.labels(name, reg.profile, reg.recommended_profile).set(1)
             self.plan_gain.labels(name).set(reg.recommended_gain)
+
+    def observe_step_costs(self, curves: dict[str, dict]) -> None:
+        """`curves`: replica -> `StepCostLearner.describe()`."""
+        for gauge in (self.step_flat, self.step_knee, self.step_slope, self.step_draft, self.step_points):
+            gauge.clear()
+        for name, c in curves.items():
+            self.step_flat.labels(name).set(c["flat_ms"] / 1e3)
+            self.step_knee.labels(name).set(c["knee_tokens"])
+            self.step_slope.labels(name).set(c["slope_ms_per_token"] / 1e3)
+            self.step_draft.labels(name).set(c["draft_ms_per_request"] / 1e3)
+            self.step_points.labels(name).set(c["points"])
 
     def count_changes(self, tenants: list[str], traffic: dict[str, float]) -> None:
         top = set(sorted(traffic, key=lambda t: -traffic[t])[: self.top_n]) | {"*"}

@@ -76,7 +76,9 @@ class Controller:
         self._tpot = {t.id: t.tpot_target_ms for t in settings.tenants}
         self.core = ControlCore(
             self.config.decision,
-            cost_factory=lambda name: ReplicaCost.for_names(self.config.gpu, self.config.model),
+            cost_factory=lambda name, profile: ReplicaCost.for_names(
+                self.config.gpu, self.config.model, profile, self.config.step_cost_half_life_s
+            ),
             half_life_s=self.config.half_life_s,
             tpot_targets=self._tpot,
             unhealthy_after_failures=self.config.unhealthy_after_failures,
@@ -194,7 +196,7 @@ class Controller:
                 "dram_active": est.dram_active if est else None,
                 "healthy": True,
                 "supports_knobs": est.supports_knobs if est else None,
-                "knee_scales": {"memory": round(est.cost.mem_scale, 3), "compute": round(est.cost.compute_scale, 3)} if est else None,
+                "step_cost": est.cost.describe() if est else None,
             }
         for name, est in self.core.replicas.replicas.items():
             if name not in replicas:
@@ -207,6 +209,9 @@ class Controller:
             ttl_s=self.config.ttl_s * 2,
         )
         self.metrics.observe(decision, published, traffic)
+        self.metrics.observe_step_costs(
+            {name: r["step_cost"] for name, r in replicas.items() if r.get("step_cost")}
+        )
 
     # -- loop -----------------------------------------------------------
     def _http(self) -> httpx.AsyncClient:

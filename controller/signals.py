@@ -51,12 +51,23 @@ class ReplicaSample:
     iterations: float = 0.0  # engine steps in the interval
     generation_tokens: float = 0.0
     prompt_tokens: float = 0.0
+    prompt_tokens_computed: float | None = None  # None: the replica does not export the split
     gpu_util: float | None = None
     sm_active: float | None = None
     tensor_active: float | None = None
     dram_active: float | None = None
     supports_knobs: bool = False
     restarted: bool = False
+
+    @property
+    def forward_tokens(self) -> float:
+        """Tokens the engine's forward passes processed in the interval: one
+        per request-step (generated minus accepted drafts), every verified
+        draft (accepted or rejected) and the prompt tokens it computed.
+        vLLM's `iteration_tokens` counts emitted tokens and so misses the
+        rejected drafts (35-37% of the work with ngram k=8 on the CPU bed)."""
+        prompt = self.prompt_tokens if self.prompt_tokens_computed is None else self.prompt_tokens_computed
+        return max(0.0, self.generation_tokens - self.accepted_tokens) + self.draft_tokens + prompt
 
 
 class ReplicaDeltaTracker:
@@ -111,6 +122,10 @@ class ReplicaDeltaTracker:
             iterations=counter_delta(old.iteration_tokens_count if not restarted else 0.0, snap.iteration_tokens_count),
             generation_tokens=counter_delta(old.generation_tokens if not restarted else 0.0, snap.generation_tokens),
             prompt_tokens=counter_delta(old.prompt_tokens if not restarted else 0.0, snap.prompt_tokens),
+            prompt_tokens_computed=(
+                None if snap.prompt_tokens_computed is None
+                else counter_delta(old.prompt_tokens_computed if not restarted else 0.0, snap.prompt_tokens_computed)
+            ),
             gpu_util=snap.gpu_util,
             sm_active=snap.sm_active,
             tensor_active=snap.tensor_active,

@@ -221,7 +221,7 @@ def validate_config(config: dict, target_model: str, profile: str | None = None,
                 warn("profile 'off' does not use a drafter")
             elif avail is not None and prof.num_speculative_tokens > avail:
                 err(f"profile {prof.label} drafts {prof.num_speculative_tokens} tokens but the checkpoint proposes "
-                    f"{avail} per block; use dspark-b{avail} or a checkpoint trained with block_size "
+                    f"{avail} per block; use {prof.method}-b{avail} or a checkpoint trained with block_size "
                     f"{prof.num_speculative_tokens}")
             elif avail is not None and prof.num_speculative_tokens < avail:
                 warn(f"profile {prof.label} truncates the checkpoint's {avail}-token block")

@@ -14,14 +14,21 @@ import typer
 
 
 def register(app: typer.Typer) -> None:
-    profile_app = typer.Typer(help="Speculation profiles (off, dspark-b4|b8|b16[-av]) and their vLLM launch arguments.",
+    from contract.profiles import LABEL_PATTERNS
+
+    profile_app = typer.Typer(help=f"Speculation profiles ({LABEL_PATTERNS}) and their vLLM launch arguments.",
                               no_args_is_help=True)
 
     @profile_app.command("show")
     def profile_show(
-        label: str = typer.Argument(..., help="profile label, e.g. dspark-b8-av"),
-        drafter: str = typer.Option("", "--drafter", help="DSpark drafter checkpoint (path or HF id)"),
+        label: str = typer.Argument(..., help=f"profile label: {LABEL_PATTERNS}; e.g. ngram-k4, dspark-b8-av"),
+        drafter: str = typer.Option("", "--drafter",
+                                    help="drafter checkpoint (path or HF id); required by eagle3/dflash/dspark, unused by ngram"),
         target: str = typer.Option("Qwen/Qwen3-8B", "--target", help="target model served by vLLM"),
+        prompt_lookup_min: Optional[int] = typer.Option(None, "--prompt-lookup-min",
+                                                        help="ngram only: shortest n-gram matched (default 1)"),
+        prompt_lookup_max: Optional[int] = typer.Option(None, "--prompt-lookup-max",
+                                                        help="ngram only: longest n-gram matched (default 4)"),
         as_json: bool = typer.Option(False, "--json", help="print a JSON object instead of a shell line"),
     ) -> None:
         """Print the `vllm serve` command line (and environment) a profile implies."""
@@ -29,16 +36,20 @@ def register(app: typer.Typer) -> None:
 
         from .profiles import speculative_config, vllm_env, vllm_launch_args
 
+        lookup = dict(prompt_lookup_min=prompt_lookup_min, prompt_lookup_max=prompt_lookup_max)
         try:
             prof = parse_profile(label)
-            argv = vllm_launch_args(prof, target, drafter or None)
+            argv = vllm_launch_args(prof, target, drafter or None, **lookup)
         except ValueError as exc:
             typer.echo(f"error: {exc}", err=True)
             raise typer.Exit(2) from None
+        if drafter and not prof.needs_drafter:
+            typer.echo(f"warning: profile {prof.label} uses no drafter checkpoint; --drafter ignored", err=True)
         env = vllm_env(prof)
         if as_json:
-            typer.echo(json.dumps({"profile": prof.label, "argv": argv, "env": env,
-                                   "speculative_config": speculative_config(prof, drafter) if prof.speculative else None},
+            typer.echo(json.dumps({"profile": prof.label, "method": prof.method, "model_runner": prof.model_runner,
+                                   "knobs": list(prof.knobs), "argv": argv, "env": env,
+                                   "speculative_config": speculative_config(prof, drafter or None, **lookup)},
                                   indent=2))
             return
         prefix = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
@@ -78,7 +89,7 @@ def register(app: typer.Typer) -> None:
 
     @app.command("sim-replica")
     def sim_replica(
-        profile: str = typer.Option("off", help="speculation profile (off, dspark-b4|b8|b16[-av])"),
+        profile: str = typer.Option("off", help="speculation profile (the simulator models off and dspark-b{4,8,16}[-av])"),
         gpu: Optional[str] = typer.Option(None, help="simulated GPU (h100, h200; default sim.gpu)"),
         model: Optional[str] = typer.Option(None, help="simulated target model (qwen3-8b, qwen3-14b; default sim.model)"),
         host: str = typer.Option("127.0.0.1"),
@@ -93,19 +104,19 @@ def register(app: typer.Typer) -> None:
         log_level: str = typer.Option("warning"),
     ) -> None:
         """Run a SIMULATED vLLM replica (no GPU; synthetic text) on HOST:PORT."""
-        from contract.profiles import parse_profile
         from pydantic import ValidationError
 
         from contract.settings import ConfigError, describe_error, load_settings
 
         from . import acceptance, costmodel
+        from .sim.engine_types import simulated_profile
         from .sim.server import SimReplicaSettings, run_sim_replica
 
         flags = dict(gpu=gpu, model=model, time_scale=time_scale, default_workload=workload, max_num_seqs=max_num_seqs, seed=seed)
         try:
             sim = load_settings(config).sim.model_dump()
             sim.update({k: v for k, v in flags.items() if v is not None})
-            settings = SimReplicaSettings(**sim, profile=parse_profile(profile).label, name=name,
+            settings = SimReplicaSettings(**sim, profile=simulated_profile(profile).label, name=name,
                                           served_model_name=served_model_name or None)
             costmodel.get_gpu(settings.gpu)
             costmodel.get_model(settings.model)

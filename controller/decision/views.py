@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from contract.policy import SpeculationPolicy
+from contract.profiles import parse_profile
 
 
 class CostFn(Protocol):
@@ -29,6 +30,15 @@ class CostFn(Protocol):
 
 
 FULL = 1 << 20  # draft cap meaning "no cap": the replica's whole block
+
+
+def method_of(profile: str | None) -> str:
+    """Speculation method of a profile label; an unparsable label counts as
+    the method its replica cannot be priced for, "off"."""
+    try:
+        return parse_profile(profile or "off").method
+    except ValueError:
+        return "off"
 
 
 def cap_label(k: int) -> str:
@@ -51,7 +61,7 @@ class ReplicaInput:
     waiting: float = 0.0
     context_tokens: float = 1024.0
     healthy: bool = True
-    tokens_per_step: float | None = None  # measured (vLLM iteration_tokens)
+    tokens_per_step: float | None = None  # measured forward tokens per step (verify work + prefill)
     acceptance_length: float | None = None  # measured (vLLM spec counters)
     mix: dict[str, float] = field(default_factory=dict)  # tenant -> share of this replica's traffic
     # Prompt tokens prefilled per generated token: in steady state every output
@@ -59,6 +69,11 @@ class ReplicaInput:
     # emits more tokens per step also prefills more per step.
     prefill_ratio: float = 0.0
     prompt_tokens: float = 512.0  # mean prompt length (prefill chunk size)
+
+    @property
+    def method(self) -> str:
+        """The speculation method of the replica's profile ("off" for none)."""
+        return method_of(self.profile)
 
 
 @dataclass(frozen=True)
@@ -68,6 +83,11 @@ class TenantView:
     evidence_steps: float = 0.0  # effective (decayed) verification steps behind the estimate
     tpot_target_ms: float | None = None
     shares: dict[str, float] = field(default_factory=dict)  # replica -> share of this tenant's traffic
+    # Speculation method (ngram, eagle3, dflash, dspark) -> acceptance measured on
+    # that method's replicas: an ngram lookup and a trained drafter accept very
+    # different shares of one tenant's tokens. Methods without data fall back to
+    # `acceptance`.
+    by_method: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

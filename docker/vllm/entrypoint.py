@@ -2,15 +2,21 @@
 """Entrypoint of the specgate vLLM replica image: launch one speculation profile from env.
 
 Why a Python entrypoint: the launch arguments of a profile (``--speculative-config`` JSON with
-``method: dspark``, ``num_speculative_tokens``, ``enable_adaptive_verification``;
-``--per-request-spec-decode-metrics summary``; Model Runner V2 env) live in ONE place,
-``drafters.profiles``, and the drafter checkpoint check in ``drafters.checkpoint``. This script
-only reads the environment, validates, and ``exec``s vLLM, so nothing is duplicated in shell.
+the method -- ngram, eagle3, dflash, dspark --, ``num_speculative_tokens``, the drafter,
+ngram's prompt-lookup window, DSpark's ``enable_adaptive_verification``;
+``--per-request-spec-decode-metrics summary``; the model-runner env) live in ONE place,
+``drafters.profiles``, the label grammar in ``contract.profiles``, and the drafter checkpoint
+check in ``drafters.checkpoint``. This script only reads the environment, validates, and
+``exec``s vLLM, so nothing is duplicated in shell.
 
 Environment:
-  SPECGATE_PROFILE          off | dspark-b4 | dspark-b8 | dspark-b16, optional suffix -av (required)
+  SPECGATE_PROFILE          off | ngram-k{2,4,8} | eagle3-k{2,4,8} | dflash-b{4,8,16} |
+                            dspark-b{4,8,16}[-av] (required)
   SPECGATE_TARGET_MODEL     target model served by vLLM (HF id or path) (required)
-  SPECGATE_DRAFTER_PATH     DSpark drafter checkpoint dir (required unless the profile is off)
+  SPECGATE_DRAFTER_PATH     drafter checkpoint (required by eagle3 / dflash / dspark; ignored by
+                            off and ngram). DSpark and DFlash checkpoints (speculators format, a
+                            directory) are validated against the target; EAGLE-3 ones are left to vLLM
+  SPECGATE_PROMPT_LOOKUP_MIN / SPECGATE_PROMPT_LOOKUP_MAX  ngram window (default 1 / 4; ngram only)
   SPECGATE_SERVED_MODEL_NAME  optional --served-model-name
   SPECGATE_HOST / SPECGATE_PORT  bind address (default 0.0.0.0:8000)
   SPECGATE_VLLM_ARGS        extra vLLM flags, shell-quoted (e.g. "--max-num-seqs 256")
@@ -32,51 +38,90 @@ def _fail(message: str) -> "NoReturn":  # noqa: F821
     raise SystemExit(2)
 
 
-def _validate_checkpoint(drafter_path: str, target_model: str, profile_label: str) -> None:
-    """Refuse a drafter vLLM cannot serve or one trained for another target (drafters.checkpoint)."""
+def _warn(message: str) -> None:
+    print(f"specgate-vllm-entrypoint: warning: {message}", file=sys.stderr)
+
+
+# Methods whose checkpoints drafters.checkpoint validates (speculators-format DSpark / DFlash).
+_VALIDATED_METHODS = ("dflash", "dspark")
+
+
+def _validate_checkpoint(drafter_path: str, target_model: str, profile) -> None:
+    """Refuse a drafter vLLM cannot serve, one trained for another target (drafters.checkpoint),
+    or one of another method than the profile's (a DFlash checkpoint under dspark-b8, ...)."""
     if os.environ.get("SPECGATE_SKIP_CHECKPOINT_VALIDATION") == "1":
         print("specgate-vllm-entrypoint: WARNING drafter validation skipped", file=sys.stderr)
+        return
+    if profile.method not in _VALIDATED_METHODS:
+        _warn(f"{profile.method} drafter {drafter_path} is not validated by specgate; vLLM checks it at load")
         return
     from drafters.checkpoint import validate_checkpoint
 
     try:
-        report = validate_checkpoint(drafter_path, target_model, profile_label)
+        report = validate_checkpoint(drafter_path, target_model, profile.label)
     except (OSError, ValueError) as exc:
         _fail(f"drafter checkpoint {drafter_path} could not be read: {exc}")
     for warning in report.warnings:
-        print(f"specgate-vllm-entrypoint: warning: {warning}", file=sys.stderr)
+        _warn(warning)
     if not report.ok:
         _fail(f"drafter checkpoint {drafter_path} refused for {target_model}: " + "; ".join(report.errors))
+    kind = report.info.get("type")
+    if kind in _VALIDATED_METHODS and kind != profile.method:
+        _fail(f"drafter checkpoint {drafter_path} refused for profile {profile.label}: it is a {kind} drafter "
+              f"(speculators_model_type={kind!r}); serve it with a {kind}-b* profile or use a {profile.method} drafter")
+
+
+def _lookup_overrides(environ: dict[str, str], profile) -> dict[str, int]:
+    """SPECGATE_PROMPT_LOOKUP_MIN/MAX as launch overrides (ngram only; ignored with a warning elsewhere)."""
+    out: dict[str, int] = {}
+    for key, name in (("SPECGATE_PROMPT_LOOKUP_MIN", "prompt_lookup_min"), ("SPECGATE_PROMPT_LOOKUP_MAX", "prompt_lookup_max")):
+        raw = environ.get(key, "").strip()
+        if not raw:
+            continue
+        if profile.method != "ngram":
+            _warn(f"{key} applies to ngram profiles only; ignored for {profile.label}")
+            continue
+        try:
+            out[name] = int(raw)
+        except ValueError:
+            _fail(f"{key} must be an integer >= 1, got {raw!r}")
+    return out
 
 
 def build_command(environ: dict[str, str], extra: list[str]) -> tuple[list[str], dict[str, str]]:
-    from contract.profiles import parse_profile
-    from drafters.profiles import vllm_env, vllm_launch_args
+    from contract.profiles import LABEL_PATTERNS, parse_profile
+    from drafters.profiles import drafter_kind, vllm_env, vllm_launch_args
 
     label = environ.get("SPECGATE_PROFILE", "").strip()
     target = environ.get("SPECGATE_TARGET_MODEL", "").strip()
     drafter = environ.get("SPECGATE_DRAFTER_PATH", "").strip() or None
     if not label:
-        _fail("SPECGATE_PROFILE is not set (off, dspark-b4, dspark-b8, dspark-b16, optionally -av)")
+        _fail(f"SPECGATE_PROFILE is not set ({LABEL_PATTERNS})")
     if not target:
         _fail("SPECGATE_TARGET_MODEL is not set (the model vLLM serves, e.g. Qwen/Qwen3-8B)")
     try:
         profile = parse_profile(label)
     except ValueError as exc:
         _fail(str(exc))
-    if profile.speculative:
+    if profile.needs_drafter:
         if not drafter:
-            _fail(f"profile {profile.label} needs SPECGATE_DRAFTER_PATH (a DSpark drafter checkpoint)")
-        _validate_checkpoint(drafter, target, profile.label)
+            _fail(f"profile {profile.label} needs SPECGATE_DRAFTER_PATH ({drafter_kind(profile)} drafter checkpoint)")
+        _validate_checkpoint(drafter, target, profile)
     else:
+        if drafter and profile.speculative:
+            _warn(f"profile {profile.label} uses no drafter checkpoint; SPECGATE_DRAFTER_PATH ignored")
         drafter = None
+    lookup = _lookup_overrides(environ, profile)
 
     args = ["--host", environ.get("SPECGATE_HOST", "0.0.0.0"), "--port", environ.get("SPECGATE_PORT", "8000")]
     if environ.get("SPECGATE_SERVED_MODEL_NAME"):
         args += ["--served-model-name", environ["SPECGATE_SERVED_MODEL_NAME"]]
     args += shlex.split(environ.get("SPECGATE_VLLM_ARGS", ""))
     args += extra
-    argv = vllm_launch_args(profile, target_model=target, drafter_path=drafter, extra_args=args)
+    try:
+        argv = vllm_launch_args(profile, target_model=target, drafter_path=drafter, extra_args=args, **lookup)
+    except ValueError as exc:
+        _fail(str(exc))
     return argv, vllm_env(profile)
 
 

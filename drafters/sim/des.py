@@ -34,11 +34,11 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from contract.knobs import parse_knobs
-from contract.profiles import parse_profile
 from contract.telemetry import COUNTER_FIELDS, RequestSpecStats, increments_for
 from contract.vllm_metrics import VllmMetricsSnapshot
 
 from .engine import EngineConfig, EngineRequest, ReplicaEngine
+from .engine_types import simulated_profile
 from .policy import BasePolicy, ClusterView, Policy, ReplicaView
 
 _ARRIVAL, _STEP, _TICK, _READY = 0, 1, 2, 3
@@ -204,7 +204,7 @@ class Simulation:
             raise KeyError(name)
         if not self.view.replicas[name].available:
             raise ValueError(f"replica {name} is already restarting")
-        parse_profile(profile)  # reject an unknown label now, not at the swap
+        simulated_profile(profile)  # reject an unknown or non-DSpark label now, not at the swap
         self.restarts.append((self.now, name, profile))
         self._draining[name] = (profile, max(0.0, downtime_s))
         self.view.replicas[name].status = "draining"

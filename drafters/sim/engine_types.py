@@ -17,8 +17,26 @@ import numpy as np
 
 from .. import acceptance as acc
 from .. import costmodel as cm
-from contract.profiles import Profile, parse_profile
+from contract.profiles import PROFILE_LABELS, Profile, parse_profile
 from contract.settings import DEFAULT_GPU, DEFAULT_MODEL
+
+# The simulator models DSpark only (drafter cost, Markov/confidence heads, adaptive
+# verification); other methods are refused at config load rather than mis-modelled.
+SIMULATED_METHODS: tuple[str, ...] = ("off", "dspark")
+SIMULATED_PROFILE_LABELS: tuple[str, ...] = tuple(
+    label for label in PROFILE_LABELS if parse_profile(label).method in SIMULATED_METHODS
+)
+
+
+def simulated_profile(label: str) -> Profile:
+    """Parse ``label`` (contract.profiles) and refuse a method the simulator does not model."""
+    profile = parse_profile(label)
+    if profile.method not in SIMULATED_METHODS:
+        raise ValueError(
+            f"speculation profile {profile.label!r} (method {profile.method}) cannot be simulated: the simulator "
+            f"models DSpark only; use one of {', '.join(SIMULATED_PROFILE_LABELS)}"
+        )
+    return profile
 
 
 @dataclass
@@ -38,9 +56,12 @@ class EngineConfig:
     seed: int = 0
     name: str = "sim-0"
 
+    def __post_init__(self) -> None:
+        simulated_profile(self.profile)  # refuse an unknown or non-DSpark label now
+
     @property
     def profile_obj(self) -> Profile:
-        return parse_profile(self.profile)
+        return simulated_profile(self.profile)
 
 
 def vllm_batch_k_table(block_size: int, max_num_seqs: int = 1024) -> tuple[tuple[int, int, int], ...]:

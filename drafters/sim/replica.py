@@ -19,11 +19,13 @@ import time
 from collections import deque
 
 import numpy as np
+from pydantic import field_validator
 
 from .. import costmodel as cm
 from contract.knobs import parse_knobs
 from contract.settings import SimSettings
 from .engine import EngineConfig, EngineRequest, ReplicaEngine
+from .engine_types import simulated_profile
 from .requests import resolve_workload
 
 logger = logging.getLogger("specgate.sim")
@@ -38,6 +40,13 @@ class SimReplicaSettings(SimSettings):
     served_model_name: str | None = None  # default: the model's HF id, e.g. Qwen/Qwen3-8B
     engine_label: str = "0"
     name: str = "sim"
+
+    @field_validator("profile", mode="before")
+    @classmethod
+    def _profile(cls, value):
+        if value is False:  # YAML reads an unquoted `off` as false
+            return "off"
+        return simulated_profile(value).label  # unknown or non-DSpark labels are refused here
 
     def engine_config(self) -> EngineConfig:
         return EngineConfig(gpu=self.gpu, model=self.model, profile=self.profile, max_num_seqs=self.max_num_seqs,

@@ -4,8 +4,9 @@ Loaded by vLLM in every process (API server, engine core, workers) through the
 entry point ``vllm.general_plugins: specgate = drafters.vllm_ext:register``.
 ``register()`` is idempotent and patches only what exists in the process's
 vLLM: the engine-core scheduler (draft cap), the V2 model runner and DSpark
-adaptive verification (confidence floor), and the API server's engine client
-(the ``specgate_ext_info`` gauge). On an unverified vLLM version it logs an
+adaptive verification (confidence floor), the DFlash/DSpark drafters (a step
+drafted at K=0 runs their context pass only), and the API server's engine
+client (the ``specgate_ext_info`` gauge). On an unverified vLLM version it logs an
 error and changes nothing. See docs/vllm_ext.md.
 
 This package imports nothing from vLLM or torch at import time, so the gateway's
@@ -65,7 +66,7 @@ def register() -> bool:
             return False
         logger.warning("specgate vLLM extension forced on unverified %s %s (%s=1)", dist, version, ALLOW_ENV)
 
-    from . import adaptive_patch, discovery, scheduler_patch
+    from . import adaptive_patch, discovery, draft_skip, scheduler_patch
     from .lazy import when_imported
 
     # Each patch runs in the process that imports its module: the scheduler in
@@ -78,6 +79,11 @@ def register() -> bool:
         lambda m: adaptive_patch.install_manager(m.AdaptiveVerificationManager),
     )
     when_imported("vllm.v1.engine.async_llm", lambda m: discovery.install_async_llm_hook(m.AsyncLLM))
+    # K=0 (every request in the step capped at 0): the drafter runs its context
+    # pass only, no query pass (DFlash/DSpark on the V2 runner, DFlash on V1).
+    when_imported("vllm.v1.worker.gpu.spec_decode.dflash.speculator", draft_skip.install_v2)
+    when_imported("vllm.v1.spec_decode.dflash", draft_skip.install_v1)
+    when_imported("vllm.v1.spec_decode.ngram_proposer", draft_skip.install_ngram)
 
     _state["active"] = True
     logger.info(

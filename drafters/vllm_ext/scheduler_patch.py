@@ -8,8 +8,9 @@ runner (V1 and V2) verifies exactly the tokens listed there, and the stats
 (`vllm:spec_decode_num_draft_tokens`, per-request `metrics.speculative_decoding`)
 count exactly those. So trimming there caps ngram / EAGLE / DFlash on the V1
 runner and DSpark on the V2 runner alike, saves the verification compute, and
-keeps every counter consistent -- the draft model itself still runs (vLLM drafts
-for the whole batch at once), which this plugin does not change.
+keeps every counter consistent. The draft model itself still drafts for the
+whole batch (vLLM drafts in one batched pass) as long as one request in the
+step may draft; only a step drafted at K=0 changes that (point 3).
 
 Two hooks, both idempotent and both no-ops for requests without the keys:
 1. `schedule()` -- before the stock body, cut each running request's
@@ -25,13 +26,22 @@ Two hooks, both idempotent and both no-ops for requests without the keys:
 3. `_update_after_schedule()` also sets the step's draft length
    (`SchedulerOutput.num_spec_tokens_to_schedule`, the K the runner drafts with
    after this step -- the field vLLM's own batch-size -> K table writes) to the
-   largest cap among the scheduled requests (stock K if any is uncapped). So a
-   step whose requests are all capped at 0 drafts nothing: the ngram proposer
-   proposes nothing, the V1 EAGLE/DFlash proposers take their "K=0" path (the
-   drafter's context pass only, to keep its KV in sync), and vLLM 0.33's V2
-   DSpark skips its query pass. That is what makes `specgate_max_draft: 0` for
-   every tenant on a replica cost about what an `off` replica costs, instead of
-   paying a drafter whose drafts are all thrown away.
+   largest cap among the scheduled requests (stock K if any is uncapped). The
+   scheduler only *asks* for K=0 when every request is capped at 0; what the
+   runner then skips is the runner's and the drafter's business (vLLM 0.32):
+   the V1 ngram proposer proposes nothing; V1 EAGLE runs its first forward
+   (which writes its draft KV) and returns no drafts; V1 DFlash and the V2
+   runner's DFlash/DSpark would still run their full query pass (V2 DFlash
+   ignores K and only masks the drafts). `draft_skip.py` makes those two run
+   their context pass only at K=0 (the draft KV cache stays complete for later
+   steps), so no drafter forward runs; vLLM 0.33's V2 DSpark skips its query
+   pass natively (source reading) and is left alone. Either way the next
+   step's verification is a plain decode step: the requests' drafts are
+   trimmed to 0 here, so the runner samples without rejection sampling. That
+   is what makes `specgate_max_draft: 0` for every tenant on a replica cost
+   about what an `off` replica costs (plus the context pass, a K/V projection
+   of the step's tokens), instead of paying a drafter whose drafts are all
+   thrown away. See docs/vllm_ext.md.
 4. `specgate_max_batch: B` makes a request's cap 0 in any step that runs more
    than B requests (counted as the running requests for the pre-schedule trim,
    as the step's scheduled requests for the safety net and the step's K). The

@@ -113,16 +113,17 @@ def test_cli_hash_key():
     assert proc.stdout.strip() == hash_key("sk-1")
 
 
-@pytest.mark.parametrize("label", ["dspark-b32", "dspark-b8-fast", "eagle3"])
+@pytest.mark.parametrize("label", ["dspark-b32", "dspark-b8-fast", "eagle3", "ngram-k4-av"])
 def test_an_unsupported_profile_is_rejected_with_the_accepted_labels(tmp_path, label):
     with pytest.raises(ConfigError) as exc:
         load_settings(write(tmp_path, f"replicas: [{{url: 'http://x:1', profile: {label}}}]"))
-    assert "replicas.0.profile" in str(exc.value) and "dspark-b16-av" in str(exc.value)
+    assert "replicas.0.profile" in str(exc.value) and "dspark-b{4,8,16}[-av]" in str(exc.value)
 
 
 def test_profiles_are_normalised_and_an_unquoted_yaml_off_is_off(tmp_path):
-    s = load_settings(write(tmp_path, "replicas: [{url: 'http://x:1', profile: off}, {url: 'http://y:1', profile: DSPARK-B8-AV}]"))
-    assert [r.profile for r in s.replicas] == ["off", "dspark-b8-av"]
+    s = load_settings(write(tmp_path, "replicas: [{url: 'http://x:1', profile: off}, {url: 'http://y:1', profile: DSPARK-B8-AV},"
+                                      " {url: 'http://z:1', profile: NGRAM-K4}, {url: 'http://w:1', profile: eagle3-k8}]"))
+    assert [r.profile for r in s.replicas] == ["off", "dspark-b8-av", "ngram-k4", "eagle3-k8"]
 
 
 @pytest.mark.parametrize("command", [["gateway", "--port", "1"], ["controller"]])

@@ -75,7 +75,12 @@ async def running_controller(settings: Settings, redis_url: str, prefix: str, **
     store = RedisStore(redis_url, prefix=prefix)
     ticks: list = []
     decision = {"min_dwell_s": 1.0, **cfg.pop("decision", {})}
-    section = {"tick_s": 0.2, "instance_id": "test-ctrl", **cfg, "decision": decision}
+    # The replicas are SIMULATED H200 + Qwen3-8B: an operator who knows the
+    # hardware names it as the step-cost prior; the curve is still learned
+    # from the replicas' /metrics (tests/controller/test_step_cost*.py cover
+    # learning with no preset at all).
+    section = {"tick_s": 0.2, "instance_id": "test-ctrl", "gpu": "h200", "model": "qwen3-8b", **cfg,
+               "decision": decision}
     controller = Controller(settings.model_copy(update={"controller": settings.controller.model_validate(section)}), store,
                             on_tick=ticks.append)
     stop = asyncio.Event()

@@ -1,12 +1,11 @@
 """Estimators: acceptance fitting, decay and shrinkage toward the fleet mean,
-online knee refinement."""
+step-cost observations."""
 
 from __future__ import annotations
 
 import pytest
 
 from controller.acceptance_fit import draft_length, expected_accepted, fit_conditional_acceptance
-from controller.costs import ReplicaCost
 from controller.estimators import TenantEstimator
 from controller.signals import TenantSample
 
@@ -58,14 +57,37 @@ def test_new_evidence_moves_a_decayed_estimate():
     assert est.acceptance("t")[0] > 0.85
 
 
-def test_knee_refines_from_observed_step_times():
-    cost = ReplicaCost.for_names("h200", "qwen3-8b")
-    knee0 = cost.knee_tokens(64, 1000)
-    # A machine whose compute is 30 % slower than the roofline's prior.
-    slow = ReplicaCost.for_names("h200", "qwen3-8b")
-    slow.compute_scale = 1.3
-    for _ in range(40):
-        observed = slow.step_time_s(64, 600, 0, 1000)
-        cost.observe(64, 600, 0, 1000, observed)
-    assert cost.compute_scale == pytest.approx(1.3, rel=0.05)
-    assert cost.knee_tokens(64, 1000) < knee0
+def test_replica_estimator_learns_step_cost_from_forward_tokens():
+    """The interval's forward tokens (rejected drafts included) reach the
+    learner, not vLLM's emitted-token `iteration_tokens`."""
+    from controller.costs import ReplicaCost
+    from controller.estimators import ReplicaEstimator
+    from controller.signals import ReplicaSample
+
+    est = ReplicaEstimator()
+    cost = ReplicaCost.for_names(profile="ngram-k8")
+    est.ensure("r", "off", cost)
+    # 10 steps of 40 ms: 16 requests, 8 drafts each of which 2 accepted, 32 prompt tokens.
+    sample = ReplicaSample("r", dt_s=0.4, running=16, waiting=0, kv_usage=0.1, drafts=160, draft_tokens=1280,
+                           accepted_tokens=320, iteration_tokens=10 * (16 * 3 + 32), iterations=10,
+                           generation_tokens=10 * 16 * 3, prompt_tokens=320)
+    est.update(sample)
+    assert sample.forward_tokens / 10 == pytest.approx(16 + 128 + 32)
+    assert est.replicas["r"].tokens_per_step == pytest.approx(176)
+    assert cost.learner.points()[0].tokens == pytest.approx(176)
+    assert cost.learner.points()[0].step_s == pytest.approx(0.04)
+
+
+def test_acceptance_is_kept_per_method():
+    """One tenant: ngram accepts little of its text, a trained drafter much;
+    each method's replicas are priced with that method's acceptance."""
+    est = TenantEstimator(half_life_s=300, prior_steps=10)
+    est.update([_sample("t", 5000, 0.2, replica="ng"), _sample("t", 5000, 0.85, replica="ds")],
+               methods={"ng": "ngram", "ds": "dspark"})
+    by_method = est.method_acceptance("t")
+    assert by_method["ngram"] == pytest.approx(0.2, abs=0.03)
+    assert by_method["dspark"] == pytest.approx(0.85, abs=0.03)
+    overall, _ = est.acceptance("t")
+    assert by_method["ngram"] < overall < by_method["dspark"]
+    view = est.views({"t"}, {})[0]
+    assert view.by_method == by_method

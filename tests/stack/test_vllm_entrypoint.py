@@ -43,6 +43,15 @@ def test_off_profile_launches_plain_vllm():
     ({"SPECGATE_PROFILE": "off"}, "SPECGATE_TARGET_MODEL"),
     ({"SPECGATE_PROFILE": "dspark-b7", "SPECGATE_TARGET_MODEL": "m"}, "dspark-b8"),
     ({"SPECGATE_PROFILE": "dspark-b8", "SPECGATE_TARGET_MODEL": "m"}, "SPECGATE_DRAFTER_PATH"),
+    ({"SPECGATE_PROFILE": "eagle3-k4", "SPECGATE_TARGET_MODEL": "m"}, "an EAGLE-3 drafter"),
+    ({"SPECGATE_PROFILE": "dflash-b8", "SPECGATE_TARGET_MODEL": "m"}, "a DFlash drafter"),
+    ({"SPECGATE_PROFILE": "dflash-b8-av", "SPECGATE_TARGET_MODEL": "m", "SPECGATE_DRAFTER_PATH": "/d"},
+     "-av (adaptive verification) is available only for dspark"),
+    ({"SPECGATE_PROFILE": "ngram-k5", "SPECGATE_TARGET_MODEL": "m"}, "ngram-k{2,4,8}"),
+    ({"SPECGATE_PROFILE": "ngram-k4", "SPECGATE_TARGET_MODEL": "m", "SPECGATE_PROMPT_LOOKUP_MIN": "x"},
+     "SPECGATE_PROMPT_LOOKUP_MIN must be an integer"),
+    ({"SPECGATE_PROFILE": "ngram-k4", "SPECGATE_TARGET_MODEL": "m", "SPECGATE_PROMPT_LOOKUP_MIN": "5",
+      "SPECGATE_PROMPT_LOOKUP_MAX": "2"}, "prompt_lookup_min=5 must be <= prompt_lookup_max=2"),
 ])
 def test_bad_environment_is_refused_with_a_message(env, needle):
     proc = _run(env)
@@ -86,3 +95,60 @@ def test_missing_drafter_directory_is_refused(tmp_path):
                  "SPECGATE_DRAFTER_PATH": str(tmp_path / "nope")})
     assert proc.returncode == 2
     assert "no config.json" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_ngram_profile_needs_no_drafter_and_takes_the_lookup_window():
+    proc = _run({"SPECGATE_PROFILE": "ngram-k4", "SPECGATE_TARGET_MODEL": "Qwen/Qwen3-8B"})
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    profile = parse_profile("ngram-k4")
+    assert out["argv"] == vllm_launch_args(profile, target_model="Qwen/Qwen3-8B",
+                                           extra_args=["--host", "0.0.0.0", "--port", "8000"])
+    assert out["env"] == vllm_env(profile) == {"VLLM_USE_V2_MODEL_RUNNER": "0"}
+    spec = json.loads(out["argv"][out["argv"].index("--speculative-config") + 1])
+    assert spec == {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 1}
+
+    # a drafter path left in the environment (compose sets one for every replica) is ignored, with a warning
+    proc = _run({"SPECGATE_PROFILE": "ngram-k8", "SPECGATE_TARGET_MODEL": "Qwen/Qwen3-8B",
+                 "SPECGATE_DRAFTER_PATH": "/models/dspark", "SPECGATE_PROMPT_LOOKUP_MIN": "2",
+                 "SPECGATE_PROMPT_LOOKUP_MAX": "3"})
+    assert proc.returncode == 0, proc.stderr
+    assert "SPECGATE_DRAFTER_PATH ignored" in proc.stderr
+    argv = json.loads(proc.stdout)["argv"]
+    spec = json.loads(argv[argv.index("--speculative-config") + 1])
+    assert (spec["num_speculative_tokens"], spec["prompt_lookup_min"], spec["prompt_lookup_max"]) == (8, 2, 3)
+    assert "/models/dspark" not in argv
+
+
+def test_eagle3_drafter_is_passed_to_vllm_unvalidated():
+    proc = _run({"SPECGATE_PROFILE": "eagle3-k4", "SPECGATE_TARGET_MODEL": "Qwen/Qwen3-8B",
+                 "SPECGATE_DRAFTER_PATH": "AngelSlim/Qwen3-8B_eagle3", "SPECGATE_PROMPT_LOOKUP_MAX": "3"})
+    assert proc.returncode == 0, proc.stderr
+    assert "not validated by specgate" in proc.stderr and "ngram profiles only" in proc.stderr
+    out = json.loads(proc.stdout)
+    spec = json.loads(out["argv"][out["argv"].index("--speculative-config") + 1])
+    assert spec == {"method": "eagle3", "model": "AngelSlim/Qwen3-8B_eagle3", "num_speculative_tokens": 4}
+    assert out["env"] == {"VLLM_USE_V2_MODEL_RUNNER": "0"}
+
+
+def test_dflash_profile_validates_its_drafter_and_refuses_another_method(speculators_checkpoints, tmp_path):
+    dspark = speculators_checkpoints / "good-8b-b8"
+    proc = _run({"SPECGATE_PROFILE": "dflash-b8", "SPECGATE_TARGET_MODEL": "Qwen/Qwen3-8B",
+                 "SPECGATE_DRAFTER_PATH": str(dspark)})
+    assert proc.returncode == 2 and "it is a dspark drafter" in proc.stderr, proc.stderr
+
+    config = json.loads((dspark / "config.json").read_text())
+    config["speculators_model_type"] = "dflash"
+    dflash = tmp_path / "dflash-8b-b8"
+    dflash.mkdir()
+    (dflash / "config.json").write_text(json.dumps(config))
+    proc = _run({"SPECGATE_PROFILE": "dflash-b8", "SPECGATE_TARGET_MODEL": "Qwen/Qwen3-8B",
+                 "SPECGATE_DRAFTER_PATH": str(dflash)})
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    spec = json.loads(out["argv"][out["argv"].index("--speculative-config") + 1])
+    assert spec == {"method": "dflash", "model": str(dflash), "num_speculative_tokens": 8}
+    assert out["env"] == {"VLLM_USE_V2_MODEL_RUNNER": "0"}
+    proc = _run({"SPECGATE_PROFILE": "dspark-b8", "SPECGATE_TARGET_MODEL": "Qwen/Qwen3-8B",
+                 "SPECGATE_DRAFTER_PATH": str(dflash)})
+    assert proc.returncode == 2 and "it is a dflash drafter" in proc.stderr, proc.stderr

@@ -7,6 +7,7 @@ area conftest:
   .venv-vllm is missing; under CI=true / SPECGATE_REQUIRE_VLLM=1 it FAILS instead.
 - `tiny_model_dir` (session): path of the generated tiny Qwen3 checkpoint
   (cached under .cache/specgate-tests/, regenerated when tiny_model.SPEC_VERSION changes).
+- `mid_model_dir` (session): the ~100M-parameter `mid` Qwen3 (same cache).
 - `vllm_ngram_server` (session): a VllmServer with ngram speculation (K=NGRAM_K)
   and `--per-request-spec-decode-metrics summary`.
 - `vllm_plain_server` (session): a VllmServer without speculation.
@@ -58,24 +59,30 @@ def _skip_or_fail(reason: str) -> None:
     pytest.skip(reason)
 
 
-def generate_tiny_model(out_dir: Path) -> Path:
-    """Run tiny_model.py inside .venv-vllm (torch lives only there)."""
+def generate_model(out_dir: Path, arch: str = "tiny") -> Path:
+    """Run tiny_model.py (architecture `arch`, see its ARCHS) inside .venv-vllm (torch lives only there)."""
+    from .tiny_model import SPEC_VERSIONS
+
     marker = out_dir / ".complete"
-    if marker.exists() and marker.read_text().strip() == SPEC_VERSION:
+    if marker.exists() and marker.read_text().strip() == SPEC_VERSIONS[arch]:
         return out_dir
     script = Path(__file__).with_name("tiny_model.py")
     started = time.monotonic()
     proc = subprocess.run(
-        [str(vllm_env.python()), str(script), str(out_dir)],
+        [str(vllm_env.python()), str(script), *(["--arch", arch] if arch != "tiny" else []), str(out_dir)],
         capture_output=True,
         text=True,
         timeout=600,
         env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"},
     )
     if proc.returncode != 0:
-        raise RuntimeError(f"tiny model generation failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
+        raise RuntimeError(f"{arch} model generation failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
     print(f"[vllm_support] generated {out_dir} in {time.monotonic() - started:.1f}s", file=sys.stderr)
     return out_dir
+
+
+def generate_tiny_model(out_dir: Path) -> Path:
+    return generate_model(out_dir, "tiny")
 
 
 def shared_server(key: str, spec: VllmServerSpec, log_dir: Path | None = None) -> VllmServer:
@@ -116,6 +123,15 @@ def vllm_log_dir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_model_dir(vllm_available) -> Path:
     return generate_tiny_model(vllm_env.cache_dir() / SPEC_VERSION)
+
+
+@pytest.fixture(scope="session")
+def mid_model_dir(vllm_available) -> Path:
+    """The ~100M-parameter Qwen3 (tiny_model.py --arch mid): big enough that two
+    CPU cores turn compute-bound at a handful of tokens per step."""
+    from .tiny_model import SPEC_VERSIONS
+
+    return generate_model(vllm_env.cache_dir() / SPEC_VERSIONS["mid"], "mid")
 
 
 def ngram_server_spec(model_dir: Path, **overrides) -> VllmServerSpec:

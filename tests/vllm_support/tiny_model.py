@@ -14,6 +14,14 @@ the same on every machine and run.
 Run it INSIDE .venv-vllm (the gateway's .venv has no torch):
 
     .venv-vllm/bin/python tests/vllm_support/tiny_model.py OUT_DIR
+    .venv-vllm/bin/python tests/vllm_support/tiny_model.py --arch mid OUT_DIR
+
+`--arch` picks a named architecture (ARCHS); the default `tiny` is the test
+tier's model. `mid` is bench/real_sweep.py's ~100M-parameter Qwen3 (hidden
+1024, 8 layers, 16 heads of 64, tied embeddings, bf16): big enough that a
+2-core CPU turns compute-bound at a few dozen tokens per step, which is the
+regime change speculation has to respect; same tokenizer and seed. Each arch
+has its own SPEC_VERSIONS entry.
 
 It writes OUT_DIR atomically (a temp dir renamed into place) and is a no-op when
 OUT_DIR/.complete exists with the same SPEC_VERSION. This file must not import
@@ -46,6 +54,23 @@ ARCH = dict(
     tie_word_embeddings=False,
     rms_norm_eps=1e-6,
 )
+
+# Named variants: (architecture, weight dtype, SPEC_VERSION). `tiny` stays the default, unchanged.
+MID_ARCH = dict(
+    ARCH,
+    hidden_size=1024,
+    intermediate_size=2816,  # ~104M parameters in all (12.8M per layer + the 1M tied embedding)
+    num_hidden_layers=8,
+    num_attention_heads=16,
+    num_key_value_heads=16,
+    head_dim=64,
+    tie_word_embeddings=True,
+)
+ARCHS = {
+    "tiny": (ARCH, "float32", SPEC_VERSION),
+    "mid": (MID_ARCH, "bfloat16", "mid-qwen3-v1"),
+}
+SPEC_VERSIONS = {name: version for name, (_, _, version) in ARCHS.items()}
 SEED = 1234
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 
@@ -119,29 +144,31 @@ def build_tokenizer(out_dir: str) -> dict:
     return ids
 
 
-def build_model(out_dir: str, ids: dict, vocab_size: int) -> None:
+def build_model(out_dir: str, ids: dict, vocab_size: int, arch: str = "tiny") -> None:
     import torch
     from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
 
+    dims, dtype, _ = ARCHS[arch]
     torch.manual_seed(SEED)
     config = Qwen3Config(
-        **{**ARCH, "vocab_size": vocab_size},
+        **{**dims, "vocab_size": vocab_size},
         bos_token_id=ids["<|endoftext|>"],
         eos_token_id=ids["<|im_end|>"],
         pad_token_id=ids["<|endoftext|>"],
-        torch_dtype="float32",
+        torch_dtype=dtype,
     )
     config.architectures = ["Qwen3ForCausalLM"]
-    model = Qwen3ForCausalLM(config).to(torch.float32).eval()
+    model = Qwen3ForCausalLM(config).to(getattr(torch, dtype)).eval()
     model.save_pretrained(out_dir, safe_serialization=True)
     GenerationConfig(
         bos_token_id=ids["<|endoftext|>"], eos_token_id=ids["<|im_end|>"], pad_token_id=ids["<|endoftext|>"]
     ).save_pretrained(out_dir)
 
 
-def generate(out_dir: str) -> str:
+def generate(out_dir: str, arch: str = "tiny") -> str:
+    version = SPEC_VERSIONS[arch]
     marker = os.path.join(out_dir, ".complete")
-    if os.path.exists(marker) and open(marker).read().strip() == SPEC_VERSION:
+    if os.path.exists(marker) and open(marker).read().strip() == version:
         return out_dir
     parent = os.path.dirname(os.path.abspath(out_dir)) or "."
     os.makedirs(parent, exist_ok=True)
@@ -152,9 +179,9 @@ def generate(out_dir: str) -> str:
 
         vocab_size = Tokenizer.from_file(os.path.join(tmp, "tokenizer.json")).get_vocab_size()
         # The embedding has exactly the tokenizer's size, so every sampled id detokenizes.
-        build_model(tmp, ids, vocab_size)
+        build_model(tmp, ids, vocab_size, arch)
         with open(os.path.join(tmp, ".complete"), "w") as f:
-            f.write(SPEC_VERSION + "\n")
+            f.write(version + "\n")
         if os.path.exists(out_dir):
             shutil.rmtree(out_dir)
         os.replace(tmp, out_dir)
@@ -164,7 +191,15 @@ def generate(out_dir: str) -> str:
     return out_dir
 
 
+def main(argv: list[str]) -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser(description="Generate a random-weight Qwen3 checkpoint + tokenizer.")
+    parser.add_argument("--arch", choices=sorted(ARCHS), default="tiny", help="named architecture (default: tiny)")
+    parser.add_argument("out_dir")
+    args = parser.parse_args(argv)
+    print(generate(args.out_dir, args.arch))
+
+
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
-        sys.exit("usage: tiny_model.py OUT_DIR")
-    print(generate(sys.argv[1]))
+    main(sys.argv[1:])

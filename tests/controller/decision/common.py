@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from controller.costs import ReplicaCost
+from controller.costs import RooflineCost
 from controller.decision import (
     DecisionConfig,
     FleetContext,
@@ -17,7 +17,7 @@ CODE, CHAT, POOR = 0.88, 0.55, 0.15  # conditional acceptance per position
 
 
 def replica(batch, mix, profile="dspark-b16", block=16, adaptive=False, knobs=True, name="r1", **kw) -> ReplicaInput:
-    return ReplicaInput(name, profile, block, adaptive, knobs, ReplicaCost.for_names("h200", "qwen3-8b"), batch=batch,
+    return ReplicaInput(name, profile, block, adaptive, knobs, RooflineCost.for_names("h200", "qwen3-8b"), batch=batch,
                         context_tokens=1024, mix=mix, **kw)
 
 

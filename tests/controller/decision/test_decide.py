@@ -10,7 +10,7 @@ import random
 
 import pytest
 
-from controller.costs import ReplicaCost
+from controller.costs import RooflineCost
 from controller.decision import DecisionConfig, GoodputModel, ReplicaInput, TenantState, TenantView, decide
 from contract.overrides import TenantOverride
 
@@ -18,7 +18,7 @@ CODE, CHAT, POOR = 0.88, 0.55, 0.15  # conditional acceptance per position
 
 
 def replica(batch, mix, profile="dspark-b16", block=16, adaptive=False, knobs=True, name="r1", **kw):
-    return ReplicaInput(name, profile, block, adaptive, knobs, ReplicaCost.for_names("h200", "qwen3-8b"), batch=batch,
+    return ReplicaInput(name, profile, block, adaptive, knobs, RooflineCost.for_names("h200", "qwen3-8b"), batch=batch,
                        context_tokens=1024, mix=mix, **kw)
 
 
@@ -183,8 +183,8 @@ def test_one_drafting_tenant_keeps_the_drafter_running_for_the_batch():
     both_on = model.evaluate(rep, {"code": 16, "chat": 16, "*": 16}).step_s
     both_off = model.evaluate(rep, {"code": 0, "chat": 0, "*": 0}).step_s
     plain = model.evaluate(replica(64, {"code": 0.5, "chat": 0.5}, profile="off", block=0), {"code": 0, "chat": 0, "*": 0}).step_s
-    drafter = ReplicaCost.for_names("h200", "qwen3-8b").step_time_s(64, 64, 16, 1024) - \
-        ReplicaCost.for_names("h200", "qwen3-8b").step_time_s(64, 64, 0, 1024)
+    drafter = RooflineCost.for_names("h200", "qwen3-8b").step_time_s(64, 64, 16, 1024) - \
+        RooflineCost.for_names("h200", "qwen3-8b").step_time_s(64, 64, 0, 1024)
     assert drafter > 0
     assert both_off == pytest.approx(plain)  # K=0: no drafter, an off replica's step
     assert one_off - both_off >= drafter * 0.99  # one drafter keeps the whole pass

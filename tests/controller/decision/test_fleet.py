@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from controller.decision import (
-    PLAN_PROFILES,
+    plan_profiles,
     DecisionConfig,
     TenantState,
     downtime_loss,
@@ -22,7 +22,7 @@ CFG = DecisionConfig()
 def test_plan_recommends_a_drafter_for_an_idle_off_fleet_and_off_for_a_saturated_one():
     idle = [replica(1, {"code": 1.0}, profile="off", block=0, name=f"p{i}") for i in range(2)]
     profile, gain = fleet_plan(idle, {"code": 0, "*": 0}, model(), CFG)
-    assert profile in {p for p, b, _ in PLAN_PROFILES if b > 0} and gain > 1.2
+    assert profile in {p for p, b, _ in plan_profiles(idle) if b > 0} and gain > 1.2
     busy = [replica(256, {"chat": 1.0}, name=f"s{i}") for i in range(2)]
     profile, gain = fleet_plan(busy, {"chat": 16, "*": 16}, model(), CFG)
     assert profile == "off" and gain > 1.0
@@ -69,3 +69,13 @@ def test_regimes_report_each_live_replica_at_the_decided_caps():
     assert 0.0 <= r1.downtime_loss <= 1.0
     assert r1.recommended_profile in {"dspark-b16", "off"}
     assert (r1.recommended_gain == 1.0) == (r1.recommended_profile == r1.profile)
+
+
+def test_plan_stays_within_the_methods_the_fleet_runs():
+    """An ngram fleet has no drafter checkpoint: the plan weighs ngram sizes and off, never DSpark."""
+    ngram = [replica(1, {"code": 1.0}, profile="ngram-k4", block=4, name=f"n{i}") for i in range(2)]
+    labels = {p for p, _, _ in plan_profiles(ngram)}
+    assert labels == {"off", "ngram-k2", "ngram-k4", "ngram-k8"}
+    profile, _ = fleet_plan(ngram, {"code": 4, "*": 4}, model(), CFG)
+    assert profile in labels
+    assert {p for p, _, _ in plan_profiles([replica(1, {}, profile="off", block=0)])} >= {"dspark-b8", "dspark-b8-av"}

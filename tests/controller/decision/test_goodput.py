@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from controller.acceptance_fit import tokens_per_step
 from controller.decision import effective_cap, regime_label, replica_load, run_batch
 
 from .common import CHAT, CODE, model, replica
@@ -69,3 +70,13 @@ def test_with_thetas_is_a_variant_not_a_mutation():
     v = m.with_thetas({"code": 0.5})
     assert m.thetas == {} and v.thetas == {"code": 0.5} and v.acc is m.acc
     assert CHAT in m.acc.values()
+
+
+def test_each_replica_is_priced_with_the_acceptance_of_its_method():
+    ngram = replica(4, {"code": 1.0}, profile="ngram-k8", block=8, name="ng")
+    dspark = replica(4, {"code": 1.0}, profile="dspark-b8", block=8, name="ds")
+    m = model(acc={"code": 0.6}, method_acc={"code": {"ngram": 0.2, "dspark": 0.9}})
+    assert m.acceptance("code", "ngram") == 0.2 and m.acceptance("code", "eagle3") == 0.6
+    ng, ds = m.evaluate(ngram, {"code": 8}), m.evaluate(dspark, {"code": 8})
+    assert ng.taus["code"] == pytest.approx(tokens_per_step(0.2, 8))
+    assert ds.taus["code"] == pytest.approx(tokens_per_step(0.9, 8))

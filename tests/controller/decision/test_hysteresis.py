@@ -113,11 +113,24 @@ def test_floor_smoothing_holds_small_and_early_moves():
 def test_max_batch_within_a_factor_of_two_keeps_the_old_one():
     prev = TenantState(k=8, policy=SpeculationPolicy(max_batch=32))
     same = h.Verdict(8, 8, "", False, 0.0, {}, 0.0, False, None, 0, None, 0, {})
-    assert h.steady_max_batch(prev, same, 48) == 32
-    assert h.steady_max_batch(prev, same, 96) == 96
-    assert h.steady_max_batch(prev, same, None) is None
+    cfg = DecisionConfig()
+    assert h.steady_max_batch(prev, same, 48, 4.0, cfg, 0.0) == 32
+    assert h.steady_max_batch(prev, same, 96, 4.0, cfg, 0.0) == 96  # past the dwell (since = -inf)
+    assert h.steady_max_batch(prev, same, None, 4.0, cfg, 0.0) is None
     moved = h.Verdict(8, 4, "", False, 0.0, {}, 0.0, False, None, 0, None, 0, {})
-    assert h.steady_max_batch(prev, moved, 48) == 48
+    assert h.steady_max_batch(prev, moved, 48, 4.0, cfg, 0.0) == 48
+
+
+def test_max_batch_above_the_load_waits_for_the_dwell_and_below_it_acts_at_once():
+    cfg = DecisionConfig(min_dwell_s=30.0)
+    prev = TenantState(k=8, since=100.0, policy=SpeculationPolicy(max_batch=16))
+    same = h.Verdict(8, 8, "", False, 0.0, {}, 0.0, False, None, 0, None, 0, {})
+    # Both 16 and 4 / none lie above a load of 1: within the dwell the old one stays.
+    assert h.steady_max_batch(prev, same, 4 * 16, 1.0, cfg, now=110.0) == 16
+    assert h.steady_max_batch(prev, same, None, 1.0, cfg, now=110.0) == 16
+    assert h.steady_max_batch(prev, same, 4, 1.0, cfg, now=140.0) == 4  # dwell over
+    # A threshold below today's load changes what the next step does: at once.
+    assert h.steady_max_batch(prev, same, 6, 12.0, cfg, now=110.0) == 6
 
 
 def test_remember_restarts_dwell_on_change_only():

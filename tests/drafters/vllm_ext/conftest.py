@@ -5,4 +5,5 @@ from tests.vllm_support.fixtures import (  # noqa: F401
     vllm_available,
     vllm_log_dir,
     vllm_ngram_server,
+    vllm_plain_server,
 )

@@ -23,6 +23,8 @@ from tests.vllm_support.fixtures import release_server, shared_server
 from tests.vllm_support.launcher import VllmServerSpec
 from tests.vllm_support.tiny_model import SPEC_VERSION as VERIFIER_VERSION
 
+from .drafter_counts import ENV as DEBUG_COUNTERS_ENV
+from .drafter_counts import assert_k0_steps_skip_the_drafter, window
 from .tiny_dspark import DFLASH_SPEC_VERSION
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
@@ -48,6 +50,7 @@ def dflash_server(tiny_model_dir, vllm_log_dir):
         name="dflash-v1",
         speculative_config={"method": "dflash", "model": str(drafter_dir), "num_speculative_tokens": K},
         per_request_spec_metrics="detailed",
+        env=DEBUG_COUNTERS_ENV,  # real drafter call counts per step in the log (test_k0_*)
     )
     yield shared_server("specgate-dflash-v1", spec, vllm_log_dir)
     release_server("specgate-dflash-v1")
@@ -80,3 +83,19 @@ def test_dflash_caps_and_mixed_batch(dflash_server):
                                                   pool.submit(complete, dflash_server)])  # fmt: skip
     assert off[0] == on[0] == base_text
     assert off[1]["num_draft_tokens"] == 0 and on[1]["num_draft_tokens"] == K * on[1]["num_spec_steps"] > 0
+
+
+def test_k0_skips_the_v1_dflash_query_forward(dflash_server):
+    """V1 DFlash at K=0: stock vLLM 0.32 still runs the query forward over each
+    request's bonus token before returning no drafts; with the plugin a step
+    whose requests are all capped at 0 runs the context pass only."""
+    log = dflash_server.log_path.read_text(errors="replace")
+    assert "specgate: K=0 drafter skip installed on the V1 runner" in log
+    (base_text, _), on_steps = window(dflash_server, lambda: complete(dflash_server))
+    (text, spec), off_steps = window(dflash_server, lambda: complete(dflash_server, {"specgate_max_draft": 0}))
+    assert text == base_text and spec["num_draft_tokens"] == 0
+    assert_k0_steps_skip_the_drafter(on_steps)
+    assert_k0_steps_skip_the_drafter(off_steps)
+    assert {s.k for s in on_steps} == {K} and sum(s.forwards for s in on_steps) >= len(on_steps)
+    assert {s.k for s in off_steps} == {0} and sum(s.forwards for s in off_steps) == 0
+    assert sum(s.context_passes for s in off_steps) == len(off_steps) > 0

