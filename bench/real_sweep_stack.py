@@ -30,13 +30,13 @@ sys.path.insert(0, str(REPO))
 
 from contract.profiles import is_profile_label  # noqa: E402
 from contract.vllm_metrics import parse_vllm_metrics  # noqa: E402
-from tests.vllm_support import env as vllm_env  # noqa: E402
 from tests.vllm_support.launcher import (  # noqa: E402
     VllmServer,
     VllmServerSpec,
     _descendants,
     _die_with_parent,
     free_port,
+    generate_model,
     ngram_speculation,
 )
 from tests.vllm_support.tiny_model import SPEC_VERSIONS  # noqa: E402
@@ -58,22 +58,7 @@ def model_dir() -> Path:
 
 def ensure_model() -> Path:
     """Generate the mid-size random Qwen3 once (inside .venv-vllm: torch lives only there)."""
-    out = model_dir()
-    marker = out / ".complete"
-    if marker.exists() and marker.read_text().strip() == SPEC_VERSIONS[MODEL_ARCH]:
-        return out
-    script = REPO / "tests" / "vllm_support" / "tiny_model.py"
-    proc = subprocess.run(
-        [str(vllm_env.python()), str(script), "--arch", MODEL_ARCH, str(out)],
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=900,
-        env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"},
-    )
-    if proc.returncode != 0:
-        raise RuntimeError(f"model generation failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
-    return out
+    return generate_model(model_dir(), MODEL_ARCH, timeout_s=900)
 
 
 # ---------------------------------------------------------------------------

@@ -27,16 +27,19 @@ private VllmServer instead.
 from __future__ import annotations
 
 import atexit
-import os
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from . import env as vllm_env
-from .launcher import VllmBootError, VllmServer, VllmServerSpec, ngram_speculation
+from .launcher import (
+    VllmBootError,
+    VllmServer,
+    VllmServerSpec,
+    generate_model,
+    ngram_speculation,
+)
 from .tiny_model import SPEC_VERSION
 
 NGRAM_K = 4
@@ -57,28 +60,6 @@ def _skip_or_fail(reason: str) -> None:
     if vllm_env.required():
         pytest.fail(f"real-vLLM tier is required here (CI / SPECGATE_REQUIRE_VLLM=1) but: {reason}", pytrace=False)
     pytest.skip(reason)
-
-
-def generate_model(out_dir: Path, arch: str = "tiny") -> Path:
-    """Run tiny_model.py (architecture `arch`, see its ARCHS) inside .venv-vllm (torch lives only there)."""
-    from .tiny_model import SPEC_VERSIONS
-
-    marker = out_dir / ".complete"
-    if marker.exists() and marker.read_text().strip() == SPEC_VERSIONS[arch]:
-        return out_dir
-    script = Path(__file__).with_name("tiny_model.py")
-    started = time.monotonic()
-    proc = subprocess.run(
-        [str(vllm_env.python()), str(script), *(["--arch", arch] if arch != "tiny" else []), str(out_dir)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"},
-    )
-    if proc.returncode != 0:
-        raise RuntimeError(f"{arch} model generation failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
-    print(f"[vllm_support] generated {out_dir} in {time.monotonic() - started:.1f}s", file=sys.stderr)
-    return out_dir
 
 
 def generate_tiny_model(out_dir: Path) -> Path:

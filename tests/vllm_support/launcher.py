@@ -74,6 +74,30 @@ DEFAULT_ENV = {
 }
 
 
+def generate_model(out_dir: Path, arch: str = "tiny", timeout_s: float = 600) -> Path:
+    """Run tiny_model.py (architecture `arch`, see its ARCHS) inside .venv-vllm
+    (torch lives only there), unless OUT_DIR already holds that version.
+    Shared by the test fixtures and bench/real_sweep.py."""
+    from .tiny_model import SPEC_VERSIONS
+
+    marker = out_dir / ".complete"
+    if marker.exists() and marker.read_text().strip() == SPEC_VERSIONS[arch]:
+        return out_dir
+    script = Path(__file__).with_name("tiny_model.py")
+    started = time.monotonic()
+    proc = subprocess.run(
+        [str(vllm_env.python()), str(script), *(["--arch", arch] if arch != "tiny" else []), str(out_dir)],
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"},
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"{arch} model generation failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
+    print(f"[vllm_support] generated {out_dir} in {time.monotonic() - started:.1f}s", file=sys.stderr)
+    return out_dir
+
+
 class VllmBootError(RuntimeError):
     """The server exited or did not become ready in time; message holds the log tail."""
 
