@@ -257,28 +257,38 @@ def _v2_context_only(self, prepare, input_batch, last_hidden_states, aux_hidden_
     return self.draft_tokens[:num_reqs]
 
 
-def install_v2(module: Any, verified: dict[tuple[str, ...], str] | None = None) -> bool:
-    """Patch `module.DFlashSpeculator.propose` (vllm.v1.worker.gpu.spec_decode.dflash.speculator)."""
-    verified = VERIFIED_V2 if verified is None else verified
-    cls = module.DFlashSpeculator
-    if cls.__dict__.get(_MARK_V2):
+def _patchable(cls: Any, mark: str, what: str, query_marker: str, digests_of: Any,
+               verified: dict[tuple[str, ...], str]) -> bool:
+    """Whether `cls.propose` may get the context-only K=0 path: not patched
+    yet, its source readable, no native K=0 skip in it (then it is marked as
+    handled), and the mirrored sources' digests among `verified`."""
+    if cls.__dict__.get(mark):
         return False
     try:
         source = inspect.getsource(cls.propose)
-        digests = v2_digests(module)
+        digests = digests_of()
     except (OSError, TypeError, AttributeError) as exc:
-        logger.warning("specgate: K=0 drafter skip (V2 DFlash/DSpark) not installed: source unavailable (%s)", exc)
+        logger.warning("specgate: K=0 drafter skip (%s) not installed: source unavailable (%s)", what, exc)
         return False
-    if native_k0_skip(source, V2_QUERY_MARKER):
-        logger.info("specgate: V2 DFlash/DSpark propose skips its query pass at K=0 natively; not patched")
-        setattr(cls, _MARK_V2, True)
+    if native_k0_skip(source, query_marker):
+        logger.info("specgate: %s propose skips its query pass at K=0 natively; not patched", what)
+        setattr(cls, mark, True)
         return False
     if digests not in verified:
         logger.warning(
-            "specgate: K=0 drafter skip (V2 DFlash/DSpark) not installed: the source differs from the verified "
-            "%s (digests %s); K=0 steps run the stock drafter pass",
-            ", ".join(sorted(set(verified.values()))) or "-", ",".join(digests),
+            "specgate: K=0 drafter skip (%s) not installed: the source differs from the verified %s "
+            "(digests %s); K=0 steps run the stock drafter pass",
+            what, ", ".join(sorted(set(verified.values()))) or "-", ",".join(digests),
         )  # fmt: skip
+        return False
+    return True
+
+
+def install_v2(module: Any, verified: dict[tuple[str, ...], str] | None = None) -> bool:
+    """Patch `module.DFlashSpeculator.propose` (vllm.v1.worker.gpu.spec_decode.dflash.speculator)."""
+    cls = module.DFlashSpeculator
+    if not _patchable(cls, _MARK_V2, "V2 DFlash/DSpark", V2_QUERY_MARKER, lambda: v2_digests(module),
+                      VERIFIED_V2 if verified is None else verified):
         return False
     prepare = module.prepare_dflash_inputs
 
@@ -350,26 +360,9 @@ def _v1_context_only(self, target_token_ids, target_positions, target_hidden_sta
 
 def install_v1(module: Any, verified: dict[tuple[str, ...], str] | None = None) -> bool:
     """Patch `module.DFlashProposer.propose` (vllm.v1.spec_decode.dflash)."""
-    verified = VERIFIED_V1 if verified is None else verified
     cls = module.DFlashProposer
-    if cls.__dict__.get(_MARK_V1):
-        return False
-    try:
-        source = inspect.getsource(cls.propose)
-        digests = v1_digests(module)
-    except (OSError, TypeError, AttributeError) as exc:
-        logger.warning("specgate: K=0 drafter skip (V1 DFlash) not installed: source unavailable (%s)", exc)
-        return False
-    if native_k0_skip(source, V1_QUERY_MARKER):
-        logger.info("specgate: V1 DFlash propose skips its query pass at K=0 natively; not patched")
-        setattr(cls, _MARK_V1, True)
-        return False
-    if digests not in verified:
-        logger.warning(
-            "specgate: K=0 drafter skip (V1 DFlash) not installed: the source differs from the verified %s "
-            "(digests %s); K=0 steps run the stock drafter pass",
-            ", ".join(sorted(set(verified.values()))) or "-", ",".join(digests),
-        )  # fmt: skip
+    if not _patchable(cls, _MARK_V1, "V1 DFlash", V1_QUERY_MARKER, lambda: v1_digests(module),
+                      VERIFIED_V1 if verified is None else verified):
         return False
 
     def wrap_propose(orig_propose):
