@@ -109,11 +109,11 @@ class ReplicaEstimator:
             tps = sample.forward_tokens / sample.iterations
             est.tokens_per_step = tps if est.tokens_per_step is None else a * tps + (1 - a) * est.tokens_per_step
             step = sample.dt_s / sample.iterations
-            # The interval is all steps only when the engine never idled in it.
             if sample.generation_tokens > 0:
                 ratio = sample.prompt_tokens / sample.generation_tokens
                 est.prefill_ratio = ratio if est.samples == 1 else b * ratio + (1 - b) * est.prefill_ratio
-            if sample.running >= 1:
+            if sample.busy_throughout:
+                # The interval is all steps only when the engine never idled in it.
                 est.step_time_s = step if est.step_time_s is None else a * step + (1 - a) * est.step_time_s
                 requests_per_step = max(sample.generation_tokens - sample.accepted_tokens, 0.0) / sample.iterations
                 est.cost.observe(sample.dt_s, sample.iterations, sample.forward_tokens, sample.drafts,

@@ -43,6 +43,7 @@ class ReplicaSample:
     running: float
     waiting: float
     kv_usage: float
+    running_at_start: float | None = None  # the gauge at the interval's first scrape (None: unknown)
     drafts: float = 0.0
     draft_tokens: float = 0.0
     accepted_tokens: float = 0.0
@@ -58,6 +59,16 @@ class ReplicaSample:
     dram_active: float | None = None
     supports_knobs: bool = False
     restarted: bool = False
+
+    @property
+    def busy_throughout(self) -> bool:
+        """Requests ran at both ends of the interval: the best a scrape can
+        tell that the engine never idled in it, so that interval / steps is a
+        step time. An interval that starts idle (a load step arriving) or ends
+        idle (the last requests finishing) holds idle time and would price a
+        step at up to the whole interval."""
+        start = self.running if self.running_at_start is None else self.running_at_start
+        return start >= 1 and self.running >= 1
 
     @property
     def forward_tokens(self) -> float:
@@ -110,6 +121,7 @@ class ReplicaDeltaTracker:
             running=snap.num_requests_running,
             waiting=snap.num_requests_waiting,
             kv_usage=snap.kv_cache_usage_perc,
+            running_at_start=None if restarted else old.num_requests_running,
             drafts=counter_delta(old.spec_num_drafts if not restarted else 0.0, snap.spec_num_drafts),
             draft_tokens=counter_delta(old.spec_num_draft_tokens if not restarted else 0.0, snap.spec_num_draft_tokens),
             accepted_tokens=counter_delta(

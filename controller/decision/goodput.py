@@ -11,8 +11,9 @@ Model. Replica r runs a batch of B_r requests whose tenants have conditional
 per-position acceptance a_t (see `acceptance_fit`). If tenant t drafts L_t
 tokens per step, one engine step verifies n_r = B_r * sum_t mix_rt * (1 + L_t)
 tokens, emits B_r * sum_t mix_rt * tau_t(L_t) tokens and takes T_r(B_r, n_r)
-seconds (cost model: roofline with the drafter's pass; drafting stops
-costing when nobody drafts). Goodput is B_r * tokens / T_r.
+seconds (the replica's step curve with the drafter's pass; on a knob-capable
+replica the pass is paid by the steps that hold a drafting request, a share
+1 - (1 - w)^B of them). Goodput is B_r * tokens / T_r.
 """
 
 from __future__ import annotations
@@ -123,13 +124,33 @@ class GoodputModel:
         # (drafters.vllm_ext) a step whose requests are all capped at 0 runs with
         # K=0, which skips the drafter's pass -- so the pass is paid while anyone
         # on the replica drafts, and not at all once nobody does.
+        #
+        # "While anyone drafts" is per step: a step drafts when it holds at
+        # least one drafting request, which for a batch of B requests drawn
+        # from the mix happens with probability phi = 1 - (1 - w)^B (w: the
+        # drafting tenants' weight). At a deep batch phi is ~1 whenever anyone
+        # drafts; at light load a small tenant's drafts cost only its own steps.
+        phi = 1.0
         if self.off_pool:
             drafting = sum(w for _, w, _, cap, _ in rows if cap > 0)
         elif rep.supports_knobs:
-            drafting = 1.0 if any(cap > 0 for _, _, _, cap, _ in rows) else 0.0
+            drafting_weight = min(1.0, sum(w for _, w, _, cap, _ in rows if cap > 0))
+            drafting = 1.0 if drafting_weight > 0 else 0.0
+            phi = 1.0 - (1.0 - drafting_weight) ** batch
         else:
             drafting = 1.0 if rep.block > 0 else 0.0
         longest = rep.block if drafting > 0 else 0
+
+        def step_time(n: float, extra: float = 0.0) -> float:
+            """Mean step time verifying `n` tokens per step on average (plus
+            `extra` prefill): a share phi of steps drafts and verifies the
+            drafts, the rest verify one token per request and skip the pass."""
+            if longest == 0 or phi >= 1.0:
+                return rep.cost.step_time_s(batch, n + extra, longest, rep.context_tokens, batch * drafting)
+            n_drafting = max(batch, (n - (1.0 - phi) * batch) / phi) if phi > 0 else n
+            return phi * rep.cost.step_time_s(batch, n_drafting + extra, longest, rep.context_tokens, batch) + (
+                1.0 - phi
+            ) * rep.cost.step_time_s(batch, batch + extra, 0, rep.context_tokens, 0.0)
 
         def at_limit(limit: int) -> tuple[float, float, float, dict[str, float]]:
             tokens = verify = 0.0
@@ -141,7 +162,7 @@ class GoodputModel:
                 verify += w * (1 + length)
             n = batch * verify
             prefill = rep.prefill_ratio * batch * tokens  # mean prompt tokens per step
-            step = rep.cost.step_time_s(batch, n, longest, rep.context_tokens, batch * drafting)
+            step = step_time(n)
             if prefill > 0:
                 # Prefill arrives in chunks (a whole prompt, up to the step budget),
                 # not as a smooth trickle: a fraction q of steps carries one chunk.
@@ -149,7 +170,7 @@ class GoodputModel:
                 # memory-bound decode batch slower than its mean token count says.
                 chunk = max(1.0, rep.prompt_tokens)
                 q = min(1.0, prefill / chunk)
-                burst = rep.cost.step_time_s(batch, n + chunk, longest, rep.context_tokens, batch * drafting)
+                burst = step_time(n, chunk)
                 step = q * burst + (1 - q) * step
             return batch * tokens / step, step, n + prefill, taus
 

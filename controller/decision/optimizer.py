@@ -29,7 +29,7 @@ from ..acceptance_fit import draft_length, tokens_per_step
 from .config import DecisionConfig
 from .context import FleetContext
 from .goodput import GoodputModel, effective_cap, run_batch
-from .views import cap_label
+from .views import ReplicaInput, cap_label
 
 
 @dataclass(frozen=True)
@@ -58,6 +58,25 @@ class TenantProposal:
     pinned: str | None  # mode of an admin override that is not a no-op
 
 
+# A tenant is priced as at least this share of each replica's traffic: a
+# newcomer (no traffic here yet) or one whose traffic has decayed to a trickle
+# is judged as the small participant it may become, and the hysteresis divides
+# fleet gains by the same share (`Optimizer.share`), so the margins apply to the
+# tenant's own gain -- pricing it at 0.5 % while dividing by 5 % would shrink
+# its gain tenfold and keep it off at idle.
+MIN_PRICED_SHARE = 0.05
+
+
+def priced_mix(rep: ReplicaInput, t: str) -> dict[str, float]:
+    """`rep`'s traffic mix with tenant t raised to at least MIN_PRICED_SHARE."""
+    mix = dict(rep.mix or {DEFAULT_TENANT: 1.0})
+    others = sum(v for k, v in mix.items() if k != t)
+    floor = MIN_PRICED_SHARE / (1.0 - MIN_PRICED_SHARE) * others
+    if mix.get(t, 0.0) < floor:
+        mix[t] = floor
+    return mix
+
+
 class Optimizer:
     def __init__(self, ctx: FleetContext, model: GoodputModel, overrides: Mapping[str, TenantOverride], cfg: DecisionConfig):
         self.ctx, self.model, self.overrides, self.cfg = ctx, model, overrides, cfg
@@ -66,13 +85,7 @@ class Optimizer:
     def fleet_goodput(self, choice: Mapping[str, int], t: str, thetas: Mapping[str, float | None] | None = None) -> float:
         """Goodput of tenant t's replicas under `choice` (floors: the model's unless given)."""
         model = self.model if thetas is None else self.model.with_thetas(thetas)
-        total = 0.0
-        for rep in self.ctx.homes[t]:
-            if t not in rep.mix:
-                # A tenant with no traffic here yet: judge it as a 5 % newcomer.
-                rep = replace(rep, mix={**(rep.mix or {DEFAULT_TENANT: 1.0}), t: 0.05 * (sum(rep.mix.values()) or 1.0)})
-            total += model.evaluate(rep, choice).goodput
-        return total
+        return sum(model.evaluate(replace(rep, mix=priced_mix(rep, t)), choice).goodput for rep in self.ctx.homes[t])
 
     def tpot_ms(self, choice: Mapping[str, int], t: str, thetas: Mapping[str, float | None] | None = None) -> float:
         """Predicted time per output token of tenant t (weighted by its traffic shares)."""
@@ -89,14 +102,18 @@ class Optimizer:
         return 1000.0 * total / norm
 
     def share(self, t: str) -> float:
-        """Tenant t's share of the traffic on its replicas (at least 5 %)."""
+        """Tenant t's share of the traffic on its replicas, as `fleet_goodput`
+        prices it (`priced_mix`: at least MIN_PRICED_SHARE on each), so that a
+        fleet gain divided by it is the tenant's own."""
         reps = self.ctx.homes[t]
         total = sum(max(r.batch, 1.0) for r in reps)
         if total <= 0:
             return 1.0
-        mixed = sum(max(r.batch, 1.0) * (r.mix.get(t, 0.0) / (sum(r.mix.values()) or 1.0)) for r in reps if r.mix)
-        plain = sum(max(r.batch, 1.0) for r in reps if not r.mix and t == DEFAULT_TENANT)
-        return min(1.0, max(0.05, (mixed + plain) / total))
+        priced = 0.0
+        for r in reps:
+            mix = priced_mix(r, t)
+            priced += max(r.batch, 1.0) * mix[t] / (sum(mix.values()) or 1.0)
+        return min(1.0, max(MIN_PRICED_SHARE, priced / total))
 
     # -- the choice -------------------------------------------------------
     def allowed_caps(self, t: str) -> list[int]:

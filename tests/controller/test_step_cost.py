@@ -130,3 +130,41 @@ def test_idle_or_thin_intervals_are_not_evidence():
     assert learner.observe(dt_s=1.0, steps=0.5, forward_tokens=10, drafting_requests=0, batch=1) is False
     assert learner.observe(dt_s=1.0, steps=20, forward_tokens=0, drafting_requests=0, batch=1) is False
     assert learner.points() == []
+
+
+def test_a_stalled_interval_does_not_erase_the_drafter_cost():
+    """One interval in which the engine stalled (a flood of arrivals on the
+    server's loop) reads as steps ~50x slower than the curve. In the shape the
+    end-to-end test caught -- the stall the only non-drafting point below the
+    knee, heavier than the rest -- a plain fit lifts the flat level to it and
+    prices the drafter's pass at ~0; the robust refit matches the fit without
+    the stall."""
+    truth = StepCurve(0.010, 90, 0.010 / 90, draft_s=0.0001, draft_fixed_s=0.002)
+    points = [StepPoint(n, truth.step_time_s(n, d, share), d, share, w)
+              for n, d, share, w in ((9, 1, 1.0, 0.1), (16.9, 1.7, 0.92, 0.2), (127, 0, 0.0, 0.4), (760, 1, 0.02, 0.1))]
+    prior = prior_for("h200", "qwen3-8b", "dspark-b8")
+    clean = fit_step_curve(points, prior)
+    stalled = fit_step_curve([*points, StepPoint(12.5, 0.6, 0.0, 0.0, 1.2)], prior)
+    assert stalled.flat_s == pytest.approx(clean.flat_s, rel=0.05)
+    assert stalled.step_time_s(9, 1, 1.0) / stalled.step_time_s(9) == pytest.approx(
+        clean.step_time_s(9, 1, 1.0) / clean.step_time_s(9), rel=0.05)
+    assert clean.step_time_s(9, 1, 1.0) / clean.step_time_s(9) > 1.15  # the pass is priced (truth: 1.21)
+
+
+def test_an_interval_that_starts_or_ends_idle_is_not_a_step_time():
+    """interval / steps is a step time only when requests ran throughout: one
+    that starts idle (a load step arriving) holds idle time."""
+    from controller.estimators import ReplicaEstimator
+
+    est, cost = ReplicaEstimator(), ReplicaCost.for_names()
+    est.ensure("r", "off", cost)
+
+    def sample(start, end):
+        return ReplicaSample("r", dt_s=1.0, running=end, waiting=0, kv_usage=0.1, running_at_start=start,
+                             iteration_tokens=40, iterations=10, generation_tokens=40, prompt_tokens=0)
+
+    for start, end in ((0, 4), (4, 0), (0, 0)):
+        est.update(sample(start, end))
+    assert cost.learner.points() == []
+    est.update(sample(4, 4))
+    assert cost.learner.points()[0].step_s == pytest.approx(0.1)

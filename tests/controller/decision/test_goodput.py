@@ -80,3 +80,19 @@ def test_each_replica_is_priced_with_the_acceptance_of_its_method():
     ng, ds = m.evaluate(ngram, {"code": 8}), m.evaluate(dspark, {"code": 8})
     assert ng.taus["code"] == pytest.approx(tokens_per_step(0.2, 8))
     assert ds.taus["code"] == pytest.approx(tokens_per_step(0.9, 8))
+
+
+def test_at_light_load_a_small_drafting_tenant_pays_the_pass_only_in_its_own_steps():
+    """With per-request knobs a step skips the drafter when nobody in it
+    drafts: at batch 1 a 5 % tenant's drafts cost ~5 % of the steps, so turning
+    it on gains ~5 % x its own speed-up; at a deep batch every step holds a
+    drafter and the pass is paid throughout."""
+    m = model(acc={"code": CODE, "bulk": CHAT})
+    light = replica(0, {"bulk": 0.95, "code": 0.05})
+    on, off = m.evaluate(light, {"bulk": 0, "code": 16}), m.evaluate(light, {"bulk": 0, "code": 0})
+    own = tokens_per_step(CODE, 16)
+    assert on.goodput / off.goodput - 1 == pytest.approx(0.05 * (own - 1), rel=0.25)
+    assert on.step_s < off.step_s * 1.05  # the pass shows up in ~5 % of steps
+    deep = replica(256, {"bulk": 0.95, "code": 0.05})
+    on_deep, off_deep = m.evaluate(deep, {"bulk": 0, "code": 16}), m.evaluate(deep, {"bulk": 0, "code": 0})
+    assert on_deep.goodput < off_deep.goodput  # ~every step drafts: the pass and the verify tokens cost the batch

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from contract.overrides import TenantOverride
+from controller.acceptance_fit import tokens_per_step
 from controller.decision import FULL, TenantView
 
 from .common import CHAT, CODE, POOR, fleet, optimizer, replica, tenants
@@ -63,6 +64,17 @@ def test_fleet_goodput_prices_a_newcomer_as_a_small_share():
     choice = {"code": 8, "chat": 8, "*": 8}
     assert opt.fleet_goodput(choice, "chat") != opt.fleet_goodput(choice, "code")
     assert opt.fleet_goodput(choice, "chat", {"chat": None}) == opt.fleet_goodput(choice, "chat")
+
+
+def test_a_trickle_tenant_is_priced_and_divided_by_the_same_share():
+    """A tenant whose traffic decayed to 0.5 % of an idle replica is priced as
+    a 5 % participant and its fleet gain divided by 5 %: the improvement the
+    hysteresis sees is the tenant's own speed-up, not a tenth of it."""
+    opt = optimizer([replica(0, {"bulk": 0.995, "code": 0.005})], tenants(bulk=CHAT, code=CODE))
+    assert opt.share("code") == pytest.approx(0.05)
+    on, off = opt.fleet_goodput({"bulk": 0, "code": 16, "*": 0}, "code"), opt.fleet_goodput({"bulk": 0, "code": 0, "*": 0}, "code")
+    own = tokens_per_step(CODE, 16)
+    assert (on / off - 1) / opt.share("code") == pytest.approx(own - 1, rel=0.25)
 
 
 def test_tpot_and_share():
