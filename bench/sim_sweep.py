@@ -6,7 +6,10 @@ without adaptive verification), for H200 + Qwen3-8B and H200 + Qwen3-14B.
 Prints output throughput (and the ratio to `off` at the same concurrency),
 median TPOT, and the first concurrency at which each profile's throughput
 falls below `off` ("stops paying").  Then prints every calibration point of
-the cost/acceptance models with its error.
+the cost/acceptance models with its error, in three blocks: the points a
+parameter was fitted to, the held-out ones (nothing tuned to them; their
+errors as they are, with the median) and the derived ones
+(drafters/calibration.py).
 
 Everything here is the drafters.sim discrete-event simulator (virtual time,
 cost model + acceptance model); no GPU is involved.

@@ -111,6 +111,11 @@ class ReplicaEngine:
         if req.accept is None:
             draw = acc.sample_request(req.preset, self.rng)
             req.accept, req.logit_accept = draw.accept, draw.logit_accept
+            drift = sum(rate for workload, rate in self.config.acceptance_drift if workload == req.workload)
+            if drift:
+                # A workload whose drafts get better or worse as the trace goes on.
+                req.logit_accept = req.logit_accept + drift * now / 60.0
+                req.accept = 1.0 / (1.0 + np.exp(-req.logit_accept))
         req.replica = self.config.name
         if req.arrival_s is None:
             req.arrival_s = now
@@ -210,10 +215,14 @@ class ReplicaEngine:
         caps = np.minimum(np.asarray(cap_list, dtype=np.int64), k_step)  # batch-size table: K by #scheduled
         if k_step > 0 and decode:
             spec = draw_speculation(decode, prefill, caps, profile=self.profile, gpu=self.gpu, model=self.model,
-                                    rng=self.rng, n_sched=n_sched, block=block, batch_ctx=ctx)
+                                    rng=self.rng, n_sched=n_sched, block=block, batch_ctx=ctx,
+                                    drafter_cost_scale=cfg.drafter_cost_scale)
             # The drafter proposes a full block for every decoding request in the batch (vLLM drafts
             # batch-wide); per-request caps and the step's K only trim what is verified.
-            draft_time = cm.drafter_time_s(self.gpu, self.model, len(decode), block, ctx)
+            draft_time = cfg.drafter_cost_scale * cm.drafter_time_s(self.gpu, self.model, len(decode), block, ctx)
+        elif block and decode and cfg.k0_pays_drafter:
+            # Capped at K=0, but the runner drafts anyway (no K=0 skip): the pass is paid, nothing verified.
+            draft_time = cfg.drafter_cost_scale * cm.drafter_time_s(self.gpu, self.model, len(decode), block, ctx)
 
         # ---------------- time
         n_verified = int(spec.verified.sum()) if spec is not None else 0

@@ -53,6 +53,11 @@ class EngineConfig:
     # vLLM `num_speculative_tokens_per_batch_size`: ((start_bs, end_bs, K), ...) inclusive, keyed on #scheduled reqs.
     spec_k_table: tuple[tuple[int, int, int], ...] | None = None
     kv_capacity_tokens: int | None = None  # override the cost model's estimate
+    # Structural perturbations of the simulated truth, for bench/control_sweep.py --sensitivity: ways the
+    # machine can differ from what the controller's model assumes. The defaults are that model's assumptions.
+    drafter_cost_scale: float = 1.0  # the drafter's pass costs this multiple of drafters.costmodel's
+    k0_pays_drafter: bool = False  # a step capped at K=0 still runs the drafter (vLLM 0.32's V2 runner, no plugin)
+    acceptance_drift: tuple[tuple[str, float], ...] = ()  # (workload, logit change per simulated minute)
     seed: int = 0
     name: str = "sim-0"
 

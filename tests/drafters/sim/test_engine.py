@@ -116,8 +116,8 @@ def test_confidence_floor_needs_adaptive_verification():
     assert c.draft_tokens / c.spec_steps > 6  # ignored: static drafting
 
 
-def _second_step(caps):
-    eng = ReplicaEngine(EngineConfig(profile="dspark-b8"))
+def _second_step(caps, **truth):
+    eng = ReplicaEngine(EngineConfig(profile="dspark-b8", **truth))
     for i, cap in enumerate(caps):
         eng.add_request(EngineRequest(str(i), 50, 100, max_draft=cap), 0.0)
     o = eng.step(0.0)
@@ -138,3 +138,25 @@ def test_a_step_whose_requests_are_all_capped_at_zero_skips_the_drafter():
     zero, plain = _second_step([0] * 8), _second_step([None] * 8)
     assert zero.draft_time_s == 0.0 and plain.draft_time_s > 0
     assert zero.duration_s < plain.duration_s
+
+
+def test_structural_perturbations_change_only_what_they_name():
+    """bench/control_sweep.py --sensitivity: a truth the controller's model does not share."""
+    plain = _second_step([None] * 8)
+    double = _second_step([None] * 8, drafter_cost_scale=2.0)
+    assert double.draft_time_s == pytest.approx(2 * plain.draft_time_s)
+    assert double.num_tokens == plain.num_tokens
+    # vLLM 0.32's V2 runner without the plugin: a step capped at K=0 still drafts, verifies nothing.
+    zero_paying = _second_step([0] * 8, k0_pays_drafter=True)
+    assert zero_paying.draft_time_s == pytest.approx(plain.draft_time_s)
+    assert zero_paying.num_tokens == _second_step([0] * 8).num_tokens
+
+
+def test_acceptance_drift_moves_a_workloads_requests_over_time():
+    eng = ReplicaEngine(EngineConfig(profile="dspark-b8", acceptance_drift=(("code", -0.5),)), np.random.default_rng(0))
+    early, late, other = (EngineRequest(n, 50, 100, w) for n, w in (("a", "code"), ("b", "code"), ("c", "chat")))
+    eng.add_request(early, 0.0)
+    eng.add_request(late, 600.0)  # ten simulated minutes later: -5 logits
+    eng.add_request(other, 600.0)
+    assert late.accept[0] < 0.2 < early.accept[0]
+    assert other.accept[0] > 0.3  # other workloads untouched
