@@ -213,16 +213,14 @@ class ReplicaEngine:
         spec: SpecDraws | None = None
         draft_time = 0.0
         caps = np.minimum(np.asarray(cap_list, dtype=np.int64), k_step)  # batch-size table: K by #scheduled
+        # The drafter proposes a full block for every decoding request in the batch (vLLM drafts
+        # batch-wide); per-request caps and the step's K only trim what is verified. A step capped
+        # at K=0 skips the pass, unless the truth says the runner drafts anyway (k0_pays_drafter).
+        if decode and (k_step > 0 or (block and cfg.k0_pays_drafter)):
+            draft_time = cfg.drafter_cost_scale * cm.drafter_time_s(self.gpu, self.model, len(decode), block, ctx)
         if k_step > 0 and decode:
             spec = draw_speculation(decode, prefill, caps, profile=self.profile, gpu=self.gpu, model=self.model,
-                                    rng=self.rng, n_sched=n_sched, block=block, batch_ctx=ctx,
-                                    drafter_cost_scale=cfg.drafter_cost_scale)
-            # The drafter proposes a full block for every decoding request in the batch (vLLM drafts
-            # batch-wide); per-request caps and the step's K only trim what is verified.
-            draft_time = cfg.drafter_cost_scale * cm.drafter_time_s(self.gpu, self.model, len(decode), block, ctx)
-        elif block and decode and cfg.k0_pays_drafter:
-            # Capped at K=0, but the runner drafts anyway (no K=0 skip): the pass is paid, nothing verified.
-            draft_time = cfg.drafter_cost_scale * cm.drafter_time_s(self.gpu, self.model, len(decode), block, ctx)
+                                    rng=self.rng, n_sched=n_sched, batch_ctx=ctx, draft_time_s=draft_time)
 
         # ---------------- time
         n_verified = int(spec.verified.sum()) if spec is not None else 0

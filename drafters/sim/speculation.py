@@ -43,13 +43,12 @@ class SpecDraws:
 
 def draw_speculation(decode: list[EngineRequest], prefill: list[tuple[EngineRequest, int]], caps: np.ndarray, *,
                      profile: Profile, gpu: cm.GpuSpec, model: cm.ModelSpec, rng: np.random.Generator, n_sched: int,
-                     block: int, batch_ctx: float, drafter_cost_scale: float = 1.0) -> SpecDraws | None:
+                     batch_ctx: float, draft_time_s: float) -> SpecDraws | None:
     """Draw drafts, verification and acceptance for the decoding requests whose cap ``caps[i]`` is > 0.
 
-    ``caps`` is per decoding request, already cut to the step's K; ``block`` is the
-    drafter's full block (its pass always covers it); ``batch_ctx`` the step's mean
-    context; ``drafter_cost_scale`` the truth's drafter cost relative to the
-    cost model's (adaptive verification budgets with what the pass really costs).  Returns ``None`` when no request drafts (nothing is drawn)."""
+    ``caps`` is per decoding request, already cut to the step's K; ``batch_ctx`` the
+    step's mean context; ``draft_time_s`` what the step's drafter pass costs (adaptive
+    verification budgets with it).  Returns ``None`` when no request drafts (nothing is drawn)."""
     spec_idx = np.nonzero(caps > 0)[0].tolist()
     if not spec_idx:
         return None
@@ -73,9 +72,8 @@ def draw_speculation(decode: list[EngineRequest], prefill: list[tuple[EngineRequ
         slot_mask = pos < drafted[:, None]
         scores = conf[slot_mask]
         nondraft = len(decode) + sum(c for _, c in prefill)
-        dtime = drafter_cost_scale * cm.drafter_time_s(gpu, model, len(decode), block, batch_ctx)
         _, thr = acc.adaptive_verification_budget(
-            scores, n_sched, nondraft, dtime,
+            scores, n_sched, nondraft, draft_time_s,
             lambda n: cm.step_time_array_s(gpu, model, n, n_sched, batch_ctx))
         verified = np.where(slot_mask & (conf >= thr), 1, 0).sum(axis=1)
     else:
