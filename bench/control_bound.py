@@ -52,6 +52,17 @@ class BoundChoice:
         return " | ".join(f"{p}: " + ", ".join(f"{t} k={k}" for t, k in caps) for p, caps in self.replicas)
 
 
+def _normalised(mix: dict[str, float]) -> dict[str, float]:
+    total = sum(mix.values())
+    return {t: w / total for t, w in mix.items()}
+
+
+def _caps(profile: str) -> list[int]:
+    """The draft caps a tenant may take on `profile` (0 alone when it does not speculate)."""
+    block = parse_profile(profile).block_size
+    return [k for k in CAPS if k <= block] or [0]
+
+
 @lru_cache(maxsize=65536)
 def _tenant_tau(workload: str, cap: int, adaptive: bool, batch: float, draft_s: float, gpu: str, model: str,
                 context: float) -> tuple[float, float]:
@@ -93,15 +104,12 @@ def replica_rate(profile: str, mix: dict[str, float], caps: dict[str, int], tena
 def phase_bound(concurrency: int, mix: dict[str, float], tenants: dict[str, TenantSpec], profiles: list[str],
                 replicas: int = 2, gpu: str = "h200", model: str = "qwen3-8b") -> BoundChoice:
     """The best choice for one phase (see the module docstring)."""
-    total = sum(mix.values())
-    mix = {t: w / total for t, w in mix.items()}
+    mix = _normalised(mix)
     names = sorted(mix)
     best = BoundChoice(0.0, ())
     # Shared: every replica runs the same profile and the whole mix.
     for profile in profiles:
-        block = parse_profile(profile).block_size
-        options = [k for k in CAPS if k <= block] or [0]
-        for combo in itertools.product(options, repeat=len(names)):
+        for combo in itertools.product(_caps(profile), repeat=len(names)):
             caps = dict(zip(names, combo))
             rate = replicas * replica_rate(profile, mix, caps, tenants, concurrency / replicas, gpu, model)
             if rate > best.rate_tok_s:
@@ -112,8 +120,7 @@ def phase_bound(concurrency: int, mix: dict[str, float], tenants: dict[str, Tena
         for t in names:
             choices = []
             for profile in profiles:
-                block = parse_profile(profile).block_size
-                for k in [c for c in CAPS if c <= block] or [0]:
+                for k in _caps(profile):
                     rate = replica_rate(profile, {t: 1.0}, {t: k}, tenants, concurrency * mix[t], gpu, model)
                     choices.append((rate, profile, k))
             per_tenant[t] = max(choices)
@@ -127,7 +134,6 @@ def static_price(profile: str, concurrency: int, mix: dict[str, float], tenants:
                  replicas: int = 2, gpu: str = "h200", model: str = "qwen3-8b") -> float:
     """This model's price of a static profile (every tenant drafting the whole block): the yardstick
     for how optimistic the bound is (simulated static / this)."""
-    total = sum(mix.values())
-    mix = {t: w / total for t, w in mix.items()}
+    mix = _normalised(mix)
     block = parse_profile(profile).block_size
     return replicas * replica_rate(profile, mix, {t: block for t in mix}, tenants, concurrency / replicas, gpu, model)

@@ -129,7 +129,6 @@ def is_k_table(policy: str) -> bool:
 # model does not share (drafters.sim.EngineConfig fields); the controller keeps
 # its online learning (step cost from /metrics, acceptance from telemetry).
 PERTURBATIONS: dict[str, dict] = {
-    "as modelled": {},
     "drafter pass x0.5": {"drafter_cost_scale": 0.5},
     "drafter pass x2": {"drafter_cost_scale": 2.0},
     "K=0 still pays the drafter (vLLM 0.32 V2)": {"k0_pays_drafter": True},
@@ -591,9 +590,8 @@ def main() -> None:
         if args.sensitivity:
             print("\n(c) structural sensitivity: the same trace on a simulated truth the controller's model does not "
                   "share (its online learning on); K tables re-tuned per truth")
-            results = {name: run_trace(args, settings, policies, phases, truth, name)
-                       for name, truth in PERTURBATIONS.items() if truth}
-            results = {"as modelled": r, **results}
+            results = {"as modelled": r, **{name: run_trace(args, settings, policies, phases, truth, name)
+                                            for name, truth in PERTURBATIONS.items()}}
             print(f"\n  {'truth':<44} {'ctrl/best static':>17} {'ctrl/tuned K':>13}")
             for name, res in results.items():
                 print(f"  {name:<44} {res['vs_best_static']:17.3f} {res['vs_k_table']:13.3f}")
