@@ -37,6 +37,7 @@ from tests.vllm_support.launcher import (  # noqa: E402
     _die_with_parent,
     free_port,
     generate_model,
+    log_tail,
     ngram_speculation,
 )
 from tests.vllm_support.tiny_model import SPEC_VERSIONS  # noqa: E402
@@ -376,10 +377,7 @@ class Gateway:
         raise RuntimeError(f"gateway not ready after {timeout_s:.0f}s; log: {self.log_path}\n{self.log_tail()}")
 
     def log_tail(self, lines: int = 30) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return "(no log)"
+        return log_tail(self.log_path, lines)
 
     def stop(self) -> None:
         if self.proc is not None:

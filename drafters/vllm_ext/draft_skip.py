@@ -64,6 +64,7 @@ import logging
 import os
 import re
 import textwrap
+from collections.abc import Callable
 from typing import Any
 
 from .guard import patch_once, run_guarded
@@ -182,6 +183,23 @@ def _counters(owner: Any) -> DrafterCounters | None:
     return counters
 
 
+def _propose(runner_self: Any, runner: str, k: Any, skip: bool, site: str, context_only: Callable[[], Any],
+             stock: Callable[[], Any], log_stock: bool = True) -> Any:
+    """One propose call of either runner: the context pass alone when `skip`
+    (stock vLLM if it fails: `run_guarded`), else stock; the debug counters
+    logged either way."""
+    counters = run_guarded("drafter debug counters", None, _counters, runner_self)
+    if skip:
+        drafts = run_guarded(site, None, context_only)
+        if drafts is not None:
+            _log_counters(counters, runner, k, True)
+            return drafts
+    drafts = stock()
+    if log_stock:
+        _log_counters(counters, runner, k, False)
+    return drafts
+
+
 def _log_counters(counters: DrafterCounters | None, runner: str, k: Any, skipped: bool) -> None:
     if counters is None:
         return
@@ -297,26 +315,24 @@ def install_v2(module: Any, verified: dict[tuple[str, ...], str] | None = None) 
                     num_sampled, num_rejected, last_sampled, next_prefill_tokens, temperature, seeds,
                     dp_sync_state=None, dummy_run=False, skip_attn_for_dummy_run=False, mm_inputs=None,
                     is_profile=False, num_speculative_tokens=None):  # fmt: skip
-            counters = run_guarded("drafter debug counters", None, _counters, self)
-            if skip_query_pass(num_speculative_tokens, dummy_run=dummy_run, is_profile=is_profile,
-                               dp_size=getattr(self, "dp_size", 1)):  # fmt: skip
-                drafts = run_guarded(
-                    "K=0 context-only draft pass", None, _v2_context_only, self, prepare, input_batch,
-                    last_hidden_states, aux_hidden_states, num_sampled, num_rejected, last_sampled,
-                    next_prefill_tokens, temperature, seeds,
-                )  # fmt: skip
-                if drafts is not None:
-                    _log_counters(counters, "v2", num_speculative_tokens, True)
-                    return drafts
-            drafts = orig_propose(
-                self, input_batch, attn_metadata, slot_mappings, last_hidden_states, aux_hidden_states,
-                num_sampled, num_rejected, last_sampled, next_prefill_tokens, temperature, seeds,
-                dp_sync_state=dp_sync_state, dummy_run=dummy_run, skip_attn_for_dummy_run=skip_attn_for_dummy_run,
-                mm_inputs=mm_inputs, is_profile=is_profile, num_speculative_tokens=num_speculative_tokens,
+            return _propose(
+                self, "v2", num_speculative_tokens,
+                skip_query_pass(num_speculative_tokens, dummy_run=dummy_run, is_profile=is_profile,
+                                dp_size=getattr(self, "dp_size", 1)),
+                "K=0 context-only draft pass",
+                lambda: _v2_context_only(
+                    self, prepare, input_batch, last_hidden_states, aux_hidden_states, num_sampled, num_rejected,
+                    last_sampled, next_prefill_tokens, temperature, seeds,
+                ),
+                lambda: orig_propose(
+                    self, input_batch, attn_metadata, slot_mappings, last_hidden_states, aux_hidden_states,
+                    num_sampled, num_rejected, last_sampled, next_prefill_tokens, temperature, seeds,
+                    dp_sync_state=dp_sync_state, dummy_run=dummy_run,
+                    skip_attn_for_dummy_run=skip_attn_for_dummy_run, mm_inputs=mm_inputs, is_profile=is_profile,
+                    num_speculative_tokens=num_speculative_tokens,
+                ),
+                log_stock=not dummy_run,
             )  # fmt: skip
-            if not dummy_run:
-                _log_counters(counters, "v2", num_speculative_tokens, False)
-            return drafts
 
         return propose
 
@@ -369,25 +385,21 @@ def install_v1(module: Any, verified: dict[tuple[str, ...], str] | None = None) 
         def propose(self, num_speculative_tokens, target_token_ids, target_positions, target_hidden_states,
                     next_token_ids, token_indices_to_sample, common_attn_metadata, sampling_metadata,
                     mm_embed_inputs=None, num_rejected_tokens_gpu=None, slot_mappings=None):  # fmt: skip
-            counters = run_guarded("drafter debug counters", None, _counters, self)
             dp_size = self.vllm_config.parallel_config.data_parallel_size
-            if skip_query_pass(num_speculative_tokens, dp_size=dp_size):
-                drafts = run_guarded(
-                    "K=0 context-only draft pass (V1)", None, _v1_context_only, self, target_token_ids,
-                    target_positions, target_hidden_states, next_token_ids, token_indices_to_sample,
-                    common_attn_metadata, num_rejected_tokens_gpu,
-                )  # fmt: skip
-                if drafts is not None:
-                    _log_counters(counters, "v1", num_speculative_tokens, True)
-                    return drafts
-            drafts = orig_propose(
-                self, num_speculative_tokens, target_token_ids, target_positions, target_hidden_states,
-                next_token_ids, token_indices_to_sample, common_attn_metadata, sampling_metadata,
-                mm_embed_inputs=mm_embed_inputs, num_rejected_tokens_gpu=num_rejected_tokens_gpu,
-                slot_mappings=slot_mappings,
+            return _propose(
+                self, "v1", num_speculative_tokens, skip_query_pass(num_speculative_tokens, dp_size=dp_size),
+                "K=0 context-only draft pass (V1)",
+                lambda: _v1_context_only(
+                    self, target_token_ids, target_positions, target_hidden_states, next_token_ids,
+                    token_indices_to_sample, common_attn_metadata, num_rejected_tokens_gpu,
+                ),
+                lambda: orig_propose(
+                    self, num_speculative_tokens, target_token_ids, target_positions, target_hidden_states,
+                    next_token_ids, token_indices_to_sample, common_attn_metadata, sampling_metadata,
+                    mm_embed_inputs=mm_embed_inputs, num_rejected_tokens_gpu=num_rejected_tokens_gpu,
+                    slot_mappings=slot_mappings,
+                ),
             )  # fmt: skip
-            _log_counters(counters, "v1", num_speculative_tokens, False)
-            return drafts
 
         return propose
 

@@ -118,6 +118,14 @@ def ngram_speculation(k: int = 4, lookup_max: int = 4, lookup_min: int = 1) -> d
     }
 
 
+def log_tail(path: Path, lines: int) -> str:
+    """The last `lines` lines of a server's log, for an error message."""
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
 @dataclass
 class VllmServerSpec:
     model_dir: str
@@ -304,10 +312,7 @@ class VllmServer:
         raise VllmBootError(message)
 
     def log_tail(self, lines: int = 60) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return "(no log)"
+        return log_tail(self.log_path, lines)
 
     def kill(self) -> None:
         """SIGKILL the server and every child at once: a crash, as a failover test wants it."""

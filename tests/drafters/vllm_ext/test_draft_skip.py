@@ -172,6 +172,17 @@ def _params(names, first_positional: int) -> str:
     return ", ".join(out)
 
 
+def _import_source(tmp_path, name: str, source: str) -> object:
+    """A fresh module `name` from `source` (a stand-in for a vLLM module)."""
+    (tmp_path / f"{name}.py").write_text(source)
+    sys.path.insert(0, str(tmp_path))
+    try:
+        sys.modules.pop(name, None)
+        return importlib.import_module(name)
+    finally:
+        sys.path.remove(str(tmp_path))
+
+
 def _v2_module(tmp_path, name: str, *, native: bool = False) -> object:
     body = "return ('stock', num_speculative_tokens)"
     if native:
@@ -192,13 +203,7 @@ def _v2_module(tmp_path, name: str, *, native: bool = False) -> object:
             pass
         """
     )
-    (tmp_path / f"{name}.py").write_text(source)
-    sys.path.insert(0, str(tmp_path))
-    try:
-        sys.modules.pop(name, None)
-        return importlib.import_module(name)
-    finally:
-        sys.path.remove(str(tmp_path))
+    return _import_source(tmp_path, name, source)
 
 
 def _v2_call(spec, k, **kw):
@@ -278,13 +283,7 @@ def _v1_module(tmp_path, name: str) -> object:
             pass
         """
     )
-    (tmp_path / f"{name}.py").write_text(source)
-    sys.path.insert(0, str(tmp_path))
-    try:
-        sys.modules.pop(name, None)
-        return importlib.import_module(name)
-    finally:
-        sys.path.remove(str(tmp_path))
+    return _import_source(tmp_path, name, source)
 
 
 def test_install_v1_patches_dflash_only(tmp_path, monkeypatch):
