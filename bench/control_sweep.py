@@ -17,7 +17,9 @@ One run compares, on simulated H200 + Qwen3-8B replicas (drafters.sim):
 * with `--sensitivity`, the trace again on simulated truths the controller's
   model does not share (`PERTURBATIONS`: the drafter's pass x0.5 / x2, K=0
   steps that still pay the drafter, a steep DFlash-like acceptance decay, a
-  tenant whose acceptance drifts), K tables re-tuned per truth;
+  tenant whose acceptance drifts, adaptive verification budgeting with
+  vLLM's start-up cost tables instead of the real step cost), K tables
+  re-tuned per truth;
 * on (a) a closed-loop concurrency sweep 1..256 with a mixed code/chat tenant
   population and (b) a multi-tenant closed-loop trace whose concurrency and
   tenant mix change every phase.
@@ -134,6 +136,7 @@ PERTURBATIONS: dict[str, dict] = {
     "K=0 still pays the drafter (vLLM 0.32 V2)": {"k0_pays_drafter": True},
     "steep (DFlash-like) acceptance decay": {"drafter_family": "dflash"},
     "code acceptance drifts -0.3 logit/min": {"acceptance_drift": (("code", -0.3),)},
+    "adaptive verification budgets at its start-up tables (ctx 8192, vLLM 0.32)": {"av_profile_context": 8192.0},
 }
 
 
@@ -229,6 +232,7 @@ class ControllerPolicy(BasePolicy):
             self.core.observe_replica(name, rv.profile, now, snap)
             st = self.gateway[name]
             st.profile = rv.profile
+            st.inflight = rv.load  # the gateway's count at the scrape (it is exact at every moment)
             st.observe_metrics(snap, now)
         counters = [TelemetryCounters(t, r, dict(c)) for (t, r), c in sorted(view.tenant_counters.items())]
         self.core.observe_telemetry(counters, dt)
@@ -309,6 +313,7 @@ TENANTS = {
     "creative": TenantSpec("creative", "creative", prompt_mean=300, output_mean=300),
 }
 TPOT_TARGET_MS = {"code": 30.0, "chat": 40.0, "math": 30.0, "creative": 60.0}
+SWEEP_MIX = {"code": 1.0, "chat": 1.0}  # the concurrency sweep's tenants (equal weights)
 
 
 # ---------------------------------------------------------------------------
@@ -384,7 +389,7 @@ def run_one(policy: str, source, until_s: float, warmup_s: float, seed: int, set
 
 def _sweep_job(job: tuple[str, int, float, float, int, Settings]) -> Result:
     policy, c, warm, measure_s, seed, settings = job
-    src = ClosedLoopSource(c, [TENANTS["code"], TENANTS["chat"]], seed=seed)
+    src = ClosedLoopSource(c, [TENANTS[t] for t in SWEEP_MIX], seed=seed)
     return run_one(policy, src, warm + measure_s, warm, seed, settings)
 
 
@@ -467,6 +472,10 @@ def run_sweep(args, settings: Settings, policies: list[str], concurrencies: list
         ktab = best_k_table(rows)
         ctrl = next(r for r in rows if r.policy == "controller")
         table(f"c={c}: best static = {best.policy}; tuned K table = {ktab.policy}", rows, ref=best.throughput)
+        bound = phase_bound(c, SWEEP_MIX, TENANTS, STATICS, REPLICAS, GPU, MODEL)
+        print(f"  upper bound (model) {bound.rate_tok_s:.0f} tok/s ({bound.describe()}); controller/bound "
+              f"{ctrl.throughput / bound.rate_tok_s:.3f}; best static sim/model "
+              f"{best.throughput / static_price(best.policy, c, SWEEP_MIX, TENANTS, REPLICAS, GPU, MODEL):.3f}")
         ratio = ctrl.throughput / best.throughput
         sweep_ok &= ratio >= 0.98
         summary.append(f"sweep c={c:<4} controller/best-static({best.policy}) = {ratio:.3f}   "

@@ -61,7 +61,7 @@ class ControlCore:
         self._scrape_failures.pop(name, None)
         sample = self.replica_tracker.update(name, at, snap)
         if sample is not None:
-            self.replicas.update(sample, self.tenants.context_tokens())
+            self.replicas.update(sample, self.tenants.context_tokens(), self.tenants.prompt_tokens())
         else:
             est.healthy = True
             est.supports_knobs = snap.supports_knobs
@@ -70,10 +70,10 @@ class ControlCore:
 
     def observe_telemetry(self, counters: list[TelemetryCounters], dt_s: float) -> None:
         self.tenants.decay(dt_s)
-        # verify_ratio (drafted -> verified) is estimated per replica but not
-        # applied: adaptive verification verifies the *most promising* slots,
-        # so acceptance over verified slots overstates what longer drafts
-        # would get; vLLM's own accepted/drafted is the conservative choice.
+        # Acceptance is fitted on vLLM's own accepted/drafted, also under
+        # adaptive verification (where drafts it trimmed count as rejected):
+        # the verified slots are the *most promising* ones, so acceptance over
+        # them would overstate what longer drafts get.
         methods = {name: method_of(est.profile) for name, est in self.replicas.replicas.items()}
         self.tenants.update(self.telemetry_tracker.update(counters), methods=methods)
 

@@ -13,7 +13,7 @@ generic prior does the same, and the controller needs no hint at all.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from contract.profiles import parse_profile as _parse_label
 from drafters import costmodel as cm
@@ -63,13 +63,23 @@ def roofline_prior(gpu: str, model: str, block: int = 0, model_drafter: bool = T
     return Prior(StepCurve(curve.flat_s, curve.knee_tokens, curve.slope_s, per_request, fixed), label=f"{gpu}/{model}")
 
 
+# A model drafter's work per proposed slot relative to the target's per token:
+# the published DSpark / DFlash drafters are a few target-width layers plus the
+# target's LM head (Qwen3-8B: 5 layers + fc + head ~ 1.7B of 8.2B parameters).
+DRAFTER_WORK_SHARE = 0.2
+
+
 def prior_for(gpu: str | None, model: str | None, profile: str | None = None) -> Prior:
     """The prior a replica's learner starts from: the named preset's roofline
-    when both names are given, else the generic shape."""
-    if not gpu or not model:
-        return GENERIC_PRIOR
+    when both names are given, else the generic shape (whose drafter, for a
+    model drafter, costs DRAFTER_WORK_SHARE of the target's work for each of
+    the block + 1 slots it proposes per request)."""
     parsed = _parse_label(profile or "off")
     method = getattr(parsed, "method", "dspark")
+    if not gpu or not model:
+        if parsed.block_size <= 0 or method == "ngram":
+            return GENERIC_PRIOR
+        return replace(GENERIC_PRIOR, draft_work_tokens=DRAFTER_WORK_SHARE * (parsed.block_size + 1))
     return roofline_prior(gpu, model, parsed.block_size, model_drafter=method != "ngram")
 
 
@@ -78,6 +88,10 @@ class ReplicaCost:
     """CostFn (see decision.views) over one replica's learned step curve."""
 
     learner: StepCostLearner = field(default_factory=StepCostLearner)
+    # The block size the drafting evidence was observed at (the replica's
+    # profile). The drafter's per-request work is its block + 1 slots, so a
+    # profile with another block is priced with the pass scaled by the slots.
+    observed_block: int = 0
 
     @classmethod
     def for_names(
@@ -101,14 +115,19 @@ class ReplicaCost:
         when `draft_len` > 0."""
         n = max(verify_tokens, batch, 1.0)
         drafting = 0.0 if draft_len <= 0 else max(batch if drafting_batch is None else drafting_batch, 0.0)
-        return self.curve.step_time_s(n, drafting, 1.0 if drafting > 0 else 0.0)
+        slots = (draft_len + 1) / (self.observed_block + 1) if self.observed_block > 0 and draft_len > 0 else 1.0
+        return self.curve.step_time_s(n, drafting * slots, 1.0 if drafting > 0 else 0.0)
 
     def knee_tokens(self, batch: float, context_tokens: float) -> float:
         return self.curve.knee_tokens
 
-    def observe(self, dt_s: float, steps: float, forward_tokens: float, drafting_requests: float, batch: float) -> bool:
-        """One busy scrape interval (see `StepCostLearner.observe`)."""
-        return self.learner.observe(dt_s, steps, forward_tokens, drafting_requests, batch)
+    def observe(self, dt_s: float, steps: float, forward_tokens: float, drafting_requests: float, batch: float,
+                prompt_tokens: float = 0.0, prompt_chunk: float | None = None, block: int = 0) -> bool:
+        """One busy scrape interval (see `StepCostLearner.observe`); `block`:
+        the replica's draft block while it was observed."""
+        if drafting_requests > 0 and block > 0:
+            self.observed_block = block
+        return self.learner.observe(dt_s, steps, forward_tokens, drafting_requests, batch, prompt_tokens, prompt_chunk)
 
     def describe(self) -> dict:
         return self.learner.describe()

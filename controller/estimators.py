@@ -40,11 +40,6 @@ class ReplicaEstimate:
     step_time_s: float | None = None
     acceptance_length: float | None = None
     per_position: dict[int, float] = field(default_factory=dict)  # P(position i accepted) per draft
-    # Verified / drafted draft tokens. vLLM counts drafts trimmed by adaptive
-    # verification as drafted-and-rejected, so accepted/drafted understates
-    # acceptance on -av replicas; the verified share is recovered from
-    # iteration tokens - prefill - decode slots.
-    verify_ratio: float = 1.0
     gpu_util: float | None = None
     tensor_active: float | None = None
     dram_active: float | None = None
@@ -90,7 +85,10 @@ class ReplicaEstimator:
         if name in self.replicas:
             self.replicas[name].healthy = False
 
-    def update(self, sample: ReplicaSample, context_tokens: float | None = None) -> ReplicaEstimate:
+    def update(self, sample: ReplicaSample, context_tokens: float | None = None,
+               prompt_tokens: float | None = None) -> ReplicaEstimate:
+        """`prompt_tokens`: the mean prompt of finished requests (the size of
+        a prefill chunk, for the step cost's burst model); None: unknown."""
         est = self.replicas[sample.name]
         a, b = self.alpha_regime, self.alpha_acceptance
         est.healthy = True
@@ -105,7 +103,10 @@ class ReplicaEstimator:
         est.kv_usage = sample.kv_usage
         if sample.iterations > 0:
             # Forward tokens per step (verify work and prefill included): what
-            # the step cost and the knee are measured in.
+            # the step cost and the knee are measured in. Under adaptive
+            # verification this is an upper bound: vLLM counts every drafted
+            # token, the trimmed ones too, and exports nothing that tells how
+            # many were verified (docs/controller.md, Limits).
             tps = sample.forward_tokens / sample.iterations
             est.tokens_per_step = tps if est.tokens_per_step is None else a * tps + (1 - a) * est.tokens_per_step
             step = sample.dt_s / sample.iterations
@@ -116,15 +117,21 @@ class ReplicaEstimator:
                 # The interval is all steps only when the engine never idled in it.
                 est.step_time_s = step if est.step_time_s is None else a * step + (1 - a) * est.step_time_s
                 requests_per_step = max(sample.generation_tokens - sample.accepted_tokens, 0.0) / sample.iterations
-                est.cost.observe(sample.dt_s, sample.iterations, sample.forward_tokens, sample.drafts,
-                                 max(requests_per_step, 1.0))
+                chunk = prompt_tokens
+                if chunk and sample.prompt_tokens > 0 and sample.prompt_tokens_computed is not None:
+                    chunk *= min(1.0, sample.prompt_tokens_computed / sample.prompt_tokens)  # prefix-cache hits
+                # The drafter proposes for every decoding request of a step that
+                # drafts at all (vLLM drafts batch-wide; a request whose drafts the
+                # token budget or its cap left unscheduled still paid for them), so
+                # its pass scales with the decode batch of drafting steps, not with
+                # the drafts vLLM counts. A step drafts when any request in it
+                # does: at >= 1 draft per step on average, nearly all of them.
+                phi = min(1.0, sample.drafts / sample.iterations)
+                batch = max(requests_per_step, 1.0)
+                est.cost.observe(sample.dt_s, sample.iterations, sample.forward_tokens,
+                                 phi * batch * sample.iterations, batch, sample.prefill_tokens, chunk, est.block)
         elif sample.running < 1:
             est.tokens_per_step = None if est.tokens_per_step is None else (1 - a) * est.tokens_per_step
-        if sample.draft_tokens > 0 and sample.iterations > 0:
-            decode_slots = max(0.0, sample.generation_tokens - sample.accepted_tokens)
-            verified = sample.iteration_tokens - sample.prompt_tokens - decode_slots
-            ratio = min(1.0, max(0.05, verified / sample.draft_tokens))
-            est.verify_ratio = ratio if est.samples == 1 else b * ratio + (1 - b) * est.verify_ratio
         if sample.drafts > 0:
             al = 1.0 + sample.accepted_tokens / sample.drafts
             w = min(1.0, b * math.sqrt(sample.drafts / 50.0)) if est.acceptance_length is not None else 1.0

@@ -77,8 +77,12 @@ class ReplicaSample:
         draft (accepted or rejected) and the prompt tokens it computed.
         vLLM's `iteration_tokens` counts emitted tokens and so misses the
         rejected drafts (35-37% of the work with ngram k=8 on the CPU bed)."""
-        prompt = self.prompt_tokens if self.prompt_tokens_computed is None else self.prompt_tokens_computed
-        return max(0.0, self.generation_tokens - self.accepted_tokens) + self.draft_tokens + prompt
+        return max(0.0, self.generation_tokens - self.accepted_tokens) + self.draft_tokens + self.prefill_tokens
+
+    @property
+    def prefill_tokens(self) -> float:
+        """Prompt tokens the engine computed (not served from the prefix cache) in the interval."""
+        return self.prompt_tokens if self.prompt_tokens_computed is None else self.prompt_tokens_computed
 
 
 class ReplicaDeltaTracker:

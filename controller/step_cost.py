@@ -15,9 +15,12 @@ scrape interval gives one averaged point (see
   while requests run),
 * forward tokens per step N = (d generation - d accepted + d draft tokens +
   d prompt tokens computed) / S -- the verify work *including rejected
-  drafts*, which `iteration_tokens` leaves out,
-* drafting requests per step D = d drafts / S, and the share of steps that
-  draft at all, phi = min(1, D / requests per step).
+  drafts*, which `iteration_tokens` leaves out -- of which the prompt tokens
+  arrive in bursts (see `StepPoint`),
+* the share of steps that draft at all, phi = min(1, d drafts / S), and the
+  requests the drafter proposes for per step, D = phi x decoding requests per
+  step (vLLM drafts batch-wide: a request whose drafts were not scheduled
+  still paid for them; see `ReplicaEstimator.update`).
 
 The model is flat-then-linear, plus the drafter's pass (a fixed part -- its
 weights are read once per step -- and a part per drafting request):
@@ -79,13 +82,41 @@ class StepCurve:
 
 @dataclass(frozen=True)
 class StepPoint:
-    """One averaged observation: mean step time at N forward tokens with D drafting requests."""
+    """One averaged observation: mean step time at N forward tokens with D drafting requests.
+
+    With chunked prefill the steps are not alike: a share `burst_share` of
+    them carries a prompt chunk of `burst_tokens` on top of the `tokens`
+    every step verifies. Where the curve bends (at and above the knee) the
+    mean of such a mixture lies above the curve at the mean token count, so
+    the point is compared with the mixture's mean (`over_knee`), the same
+    burst model the goodput model prices with (decision.goodput). A point
+    with no burst share is a plain average.
+    """
 
     tokens: float
     step_s: float
     drafting: float = 0.0
     share: float = 0.0  # fraction of steps with any drafting
     weight: float = 1.0  # seconds of engine time behind it
+    burst_tokens: float = 0.0  # prompt tokens in a step that carries a prefill chunk
+    burst_share: float = 0.0  # fraction of steps that carry one
+
+    def over_knee(self, knee: float) -> float:
+        """Mean forward tokens above `knee` per step (the slope's regressor)."""
+        q = min(max(self.burst_share, 0.0), 1.0)
+        plain = max(0.0, self.tokens - knee)
+        return plain if q <= 0 else (1.0 - q) * plain + q * max(0.0, self.tokens + self.burst_tokens - knee)
+
+    @property
+    def mean_tokens(self) -> float:
+        return self.tokens + min(max(self.burst_share, 0.0), 1.0) * self.burst_tokens
+
+    def predicted_s(self, curve: StepCurve) -> float:
+        """The mean step time `curve` predicts for this point's mix of steps."""
+        return (
+            curve.flat_s + curve.slope_s * self.over_knee(curve.knee_tokens)
+            + curve.draft_fixed_s * min(max(self.share, 0.0), 1.0) + curve.draft_s * max(self.drafting, 0.0)
+        )
 
 
 @dataclass(frozen=True)
@@ -97,6 +128,14 @@ class Prior:
     knee_strength: float = 0.02  # ridge weight on ln(knee / prior knee)^2
     shape_strength: float = 0.05  # ridge weight on (slope*knee - shape*flat)^2 / flat_ref^2
     draft_strength: float = 0.05  # ridge weight on the drafter's two costs relative to flat (as for shape)
+    # The drafter's pass per drafting request in target forward tokens (its
+    # share of the target's work per token x the slots it proposes). When > 0
+    # the per-request cost leans on slope x this instead of on the flat level:
+    # a replica that always drafts cannot tell its drafter's pass from its flat
+    # level, and a prior of "free" would price every step without speculation
+    # as paying for it (seen on the simulator at c=256: `off` priced at 2.4x
+    # its cost, speculation kept on where it lost 26 %).
+    draft_work_tokens: float = 0.0
 
 
 # No preset: a roofline-shaped guess with a mid-range knee (between a CPU's
@@ -113,7 +152,7 @@ def _solve(rows: np.ndarray, rhs: np.ndarray, free: Sequence[int]) -> np.ndarray
     return theta if np.all(np.isfinite(theta)) else None
 
 
-# Parameter sets tried in order: all free, then with negative ones pinned at 0.
+# Parameter subsets (flat always free); the others are pinned at 0.
 _ACTIVE_SETS = ((0, 1, 2, 3), (0, 1, 2), (0, 1, 3), (0, 2, 3), (0, 1), (0, 2), (0, 3), (0,))
 
 
@@ -128,23 +167,34 @@ def _fit_at_knee(points: Sequence[StepPoint], knee: float, prior: Prior, weight_
     rhs: list[float] = []
     for p in points:
         w = math.sqrt(min(p.weight, weight_cap)) / p.step_s
-        rows.append([w, w * max(0.0, p.tokens - knee), w * p.share, w * p.drafting])
+        rows.append([w, w * p.over_knee(knee), w * p.share, w * p.drafting])
         rhs.append(w * p.step_s)
     sb = math.sqrt(prior.shape_strength) / flat_ref
     rows.append([-sb * pc.shape, sb * knee, 0.0, 0.0])
     sg = math.sqrt(prior.draft_strength) / flat_ref
     rows.append([-sg * fixed_ratio, 0.0, sg, 0.0])
-    rows.append([-sg * draft_ratio * d_ref, 0.0, 0.0, sg * d_ref])
+    if prior.draft_work_tokens > 0:
+        rows.append([0.0, -sg * prior.draft_work_tokens * d_ref, 0.0, sg * d_ref])
+    else:
+        rows.append([-sg * draft_ratio * d_ref, 0.0, 0.0, sg * d_ref])
     rhs += [0.0, 0.0, 0.0]
     a, y = np.asarray(rows, dtype=float), np.asarray(rhs, dtype=float)
+    best: tuple[float, StepCurve] | None = None
     for free in _ACTIVE_SETS:
+        # Non-negative least squares by enumeration (four parameters): the
+        # best feasible subset, not the first -- pinning the drafter's cost
+        # at 0 because a fit with it free made the fixed part negative would
+        # silently price the drafter as free.
         theta = _solve(a, y, free)
         if theta is None or theta[0] <= 0 or np.any(theta[1:] < 0):
             continue
         resid = a @ theta - y
         cost = float(resid @ resid) + prior.knee_strength * math.log(knee / pc.knee_tokens) ** 2
-        return cost, StepCurve(float(theta[0]), knee, float(theta[1]), float(theta[3]), float(theta[2]))
-    return None
+        if best is None or cost < best[0] - 1e-15:
+            best = cost, StepCurve(float(theta[0]), knee, float(theta[1]), float(theta[3]), float(theta[2]))
+        if len(free) == 4:
+            break  # the unconstrained optimum is feasible: nothing can beat it
+    return best
 
 
 # Robust refit: a point whose step time is off the fitted curve by a factor
@@ -184,7 +234,7 @@ def fit_step_curve(points: Iterable[StepPoint], prior: Prior = GENERIC_PRIOR, we
     for _ in range(OUTLIER_PASSES if len(pts) >= 3 else 0):
         if curve is None:
             break
-        logs = [math.log(max(curve.step_time_s(p.tokens, p.drafting, p.share), 1e-12) / p.step_s) for p in pts]
+        logs = [math.log(max(p.predicted_s(curve), 1e-12) / p.step_s) for p in pts]
         if max(abs(r) for r in logs) < OUTLIER_LOG_SCALE / 2:
             break  # every weight would stay above 0.8: nothing to down-weight
         reweighted = [
@@ -201,6 +251,8 @@ class _Bin:
     tokens: float = 0.0
     drafting: float = 0.0
     drafting_steps: float = 0.0
+    prompt: float = 0.0  # prefill tokens (not in `tokens`)
+    burst_steps: float = 0.0  # steps that carried them
 
 
 def _bin_key(tokens_per_step: float, drafting_share: float) -> tuple[int, int]:
@@ -221,14 +273,21 @@ class StepCostLearner:
     observations: int = 0
     curve: StepCurve | None = None
 
-    def observe(self, dt_s: float, steps: float, forward_tokens: float, drafting_requests: float, batch: float) -> bool:
+    def observe(self, dt_s: float, steps: float, forward_tokens: float, drafting_requests: float, batch: float,
+                prompt_tokens: float = 0.0, prompt_chunk: float | None = None) -> bool:
         """Fold one busy scrape interval in; returns True when it was kept.
 
         `forward_tokens` and `drafting_requests` are the interval's totals;
         `batch` (requests per step) decides the drafting share's bin.
+        `prompt_tokens` (of the forward tokens, those prefilled) arrive in
+        chunks of `prompt_chunk` (the mean prompt; None: unknown, read as
+        spread evenly over the steps), so a share prompt / (steps x chunk) of
+        the steps carries one.
         """
         if dt_s <= 0 or steps < self.min_steps or forward_tokens <= 0:
             return False
+        prompt = min(max(prompt_tokens, 0.0), forward_tokens)
+        burst_steps = steps if not prompt_chunk or prompt_chunk <= 0 else min(steps, prompt / prompt_chunk)
         decay = 0.5 ** (dt_s / self.half_life_s) if self.half_life_s > 0 else 0.0
         for b in self.bins.values():
             # Old evidence fades toward a floor instead of vanishing: a load
@@ -242,21 +301,29 @@ class StepCostLearner:
             b.tokens *= scale
             b.drafting *= scale
             b.drafting_steps *= scale
+            b.prompt *= scale
+            b.burst_steps *= scale
         n = forward_tokens / steps
         share = (drafting_requests / steps) / max(batch, 1.0)
         b = self.bins.setdefault(_bin_key(n, share), _Bin())
         b.seconds += dt_s
         b.steps += steps
-        b.tokens += forward_tokens
+        b.tokens += forward_tokens - prompt
         b.drafting += drafting_requests
         b.drafting_steps += min(share, 1.0) * steps
+        if prompt > 0:
+            b.prompt += prompt
+            b.burst_steps += burst_steps
         self.observations += 1
         self.curve = fit_step_curve(self.points(), self.prior)
         return True
 
     def points(self) -> list[StepPoint]:
         return [
-            StepPoint(b.tokens / b.steps, b.seconds / b.steps, b.drafting / b.steps, b.drafting_steps / b.steps, b.seconds)
+            StepPoint(
+                b.tokens / b.steps, b.seconds / b.steps, b.drafting / b.steps, b.drafting_steps / b.steps, b.seconds,
+                b.prompt / b.burst_steps if b.burst_steps > 0 else 0.0, min(1.0, b.burst_steps / b.steps),
+            )
             for b in self.bins.values()
             if b.steps > 0
         ]
@@ -268,8 +335,8 @@ class StepCostLearner:
         """JSON-ready state for /admin and the benchmark: the fitted curve,
         sampled on `grid` (default: 1 .. 2x the largest observed N)."""
         c = self.current()
-        pts = sorted(self.points(), key=lambda p: p.tokens)
-        top = max((p.tokens for p in pts), default=c.knee_tokens * 4)
+        pts = sorted(self.points(), key=lambda p: p.mean_tokens)
+        top = max((p.mean_tokens for p in pts), default=c.knee_tokens * 4)
         if grid is None:
             grid = sorted({1.0, *(2.0**i for i in range(0, 15) if 2.0**i <= 2 * top), round(c.knee_tokens, 1)})
         return {
@@ -283,9 +350,11 @@ class StepCostLearner:
             "draft_fixed_ms": round(c.draft_fixed_s * 1e3, 4),
             "points": len(pts),
             "observations": self.observations,
-            # [tokens per step, ms per step, drafting requests per step, drafting share, seconds of evidence]
+            # [tokens per step (prefill included), ms per step, drafting requests per step, drafting share,
+            #  seconds of evidence, prefill chunk, share of steps carrying one]
             "observed": [
-                [round(p.tokens, 2), round(p.step_s * 1e3, 2), round(p.drafting, 2), round(p.share, 2), round(p.weight, 1)]
+                [round(p.mean_tokens, 2), round(p.step_s * 1e3, 2), round(p.drafting, 2), round(p.share, 2),
+                 round(p.weight, 1), round(p.burst_tokens, 1), round(p.burst_share, 3)]
                 for p in pts
             ],
             "curve": [[n, round(c.step_time_s(n) * 1e3, 2)] for n in grid],

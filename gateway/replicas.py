@@ -37,6 +37,7 @@ class ReplicaState:
     waiting: float = 0.0
     kv_usage: float = 0.0
     metrics_at: float = 0.0
+    inflight_at_scrape: int = 0  # this gateway's in-flight count when the gauges were read
     ext_knobs: frozenset[str] = frozenset()
     # The latest /metrics scrape (None = it failed) and when it was taken (monotonic).
     snapshot: VllmMetricsSnapshot | None = None
@@ -55,6 +56,7 @@ class ReplicaState:
         self.running = snap.num_requests_running
         self.waiting = snap.num_requests_waiting
         self.kv_usage = snap.kv_cache_usage_perc
+        self.inflight_at_scrape = self.inflight
         self.ext_knobs = snap.ext_knobs
         self.metrics_at = at
 
@@ -63,10 +65,15 @@ class ReplicaState:
 
     @property
     def load(self) -> float:
-        """Work ahead of a new request here. The replica's gauges lag by one
-        scrape, so the gateway's own in-flight count (exact, instant) is added
-        rather than replaced; waiting requests cost more than running ones."""
-        return self.inflight + self.running + 2.0 * self.waiting + 4.0 * self.kv_usage
+        """Work ahead of a new request here: this gateway's in-flight count
+        (exact, instant), plus what the replica's gauges held beyond it at the
+        last scrape (other gateways' requests), plus the queue and KV
+        pressure. Our own requests are in the gauges too; counting them twice
+        made the lagging gauge steer: a replica that looked busier one scrape
+        ago was starved until the next (16 closed-loop clients on two
+        simulated replicas settled at 11 / 5)."""
+        others = max(0.0, self.running + self.waiting - self.inflight_at_scrape)
+        return self.inflight + others + self.waiting + 4.0 * self.kv_usage
 
     def describe(self, now: float | None = None) -> dict[str, Any]:
         now = time.monotonic() if now is None else now

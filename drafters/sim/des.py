@@ -78,7 +78,7 @@ class TimelinePoint:
     waiting: int
     tok_s: float  # output tokens/s over the last tick
     acceptance_length: float | None  # over the last tick
-    tokens_per_step: float
+    tokens_per_step: float  # vLLM's iteration tokens per step (computed prompt + emitted) over the last tick
 
 
 @dataclass

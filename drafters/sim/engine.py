@@ -219,8 +219,12 @@ class ReplicaEngine:
         if decode and (k_step > 0 or (block and cfg.k0_pays_drafter)):
             draft_time = cfg.drafter_cost_scale * cm.drafter_time_s(self.gpu, self.model, len(decode), block, ctx)
         if k_step > 0 and decode:
+            av_ctx = cfg.av_profile_context
+            av_draft = None if av_ctx is None else (
+                cfg.drafter_cost_scale * cm.drafter_time_s(self.gpu, self.model, len(decode), block, av_ctx))
             spec = draw_speculation(decode, prefill, caps, profile=self.profile, gpu=self.gpu, model=self.model,
-                                    rng=self.rng, n_sched=n_sched, batch_ctx=ctx, draft_time_s=draft_time)
+                                    rng=self.rng, n_sched=n_sched, batch_ctx=ctx, draft_time_s=draft_time,
+                                    av_context=av_ctx, av_draft_time_s=av_draft)
 
         # ---------------- time
         n_verified = int(spec.verified.sum()) if spec is not None else 0
@@ -232,6 +236,7 @@ class ReplicaEngine:
 
         # ---------------- apply
         c = self.counters
+        generated_before = c.generation_tokens
         emissions: list[tuple[EngineRequest, int]] = []
         finished: list[EngineRequest] = []
         itl_samples: list[float] = []
@@ -294,7 +299,10 @@ class ReplicaEngine:
                     c.tpot.observe((end - r.first_token_s) / (r.output - 1))
         if itl_samples:
             c.itl.observe_many(np.asarray(itl_samples))
-        c.iteration_tokens.observe(num_tokens)
+        # vLLM's iteration_tokens: prompt tokens computed + tokens generated in
+        # the step (v1/metrics/loggers.py) -- emitted tokens, not the forward
+        # work: rejected and trimmed drafts are not in it.
+        c.iteration_tokens.observe(n_prefill + c.generation_tokens - generated_before)
         c.steps += 1
         c.busy_s += duration
         self.last_cost = cost

@@ -58,6 +58,11 @@ class EngineConfig:
     drafter_cost_scale: float = 1.0  # the drafter's pass costs this multiple of drafters.costmodel's
     k0_pays_drafter: bool = False  # a step capped at K=0 still runs the drafter (vLLM 0.32's V2 runner, no plugin)
     acceptance_drift: tuple[tuple[str, float], ...] = ()  # (workload, logit change per simulated minute)
+    # Adaptive verification prices its budget with cost tables profiled at
+    # start-up at this context (vLLM 0.32: dummy runs at
+    # VLLM_ADAPTIVE_VERIFICATION_PROFILE_CONTEXT_LEN, 8192 by default) instead
+    # of at the batch's real context. None: at the real context (the model).
+    av_profile_context: float | None = None
     seed: int = 0
     name: str = "sim-0"
 

@@ -43,12 +43,15 @@ class SpecDraws:
 
 def draw_speculation(decode: list[EngineRequest], prefill: list[tuple[EngineRequest, int]], caps: np.ndarray, *,
                      profile: Profile, gpu: cm.GpuSpec, model: cm.ModelSpec, rng: np.random.Generator, n_sched: int,
-                     batch_ctx: float, draft_time_s: float) -> SpecDraws | None:
+                     batch_ctx: float, draft_time_s: float, av_context: float | None = None,
+                     av_draft_time_s: float | None = None) -> SpecDraws | None:
     """Draw drafts, verification and acceptance for the decoding requests whose cap ``caps[i]`` is > 0.
 
     ``caps`` is per decoding request, already cut to the step's K; ``batch_ctx`` the
     step's mean context; ``draft_time_s`` what the step's drafter pass costs (adaptive
-    verification budgets with it).  Returns ``None`` when no request drafts (nothing is drawn)."""
+    verification budgets with it). ``av_context`` / ``av_draft_time_s``: the context and
+    drafter cost adaptive verification *believes* (its start-up tables; default: the
+    truth).  Returns ``None`` when no request drafts (nothing is drawn)."""
     spec_idx = np.nonzero(caps > 0)[0].tolist()
     if not spec_idx:
         return None
@@ -72,9 +75,10 @@ def draw_speculation(decode: list[EngineRequest], prefill: list[tuple[EngineRequ
         slot_mask = pos < drafted[:, None]
         scores = conf[slot_mask]
         nondraft = len(decode) + sum(c for _, c in prefill)
+        ctx = batch_ctx if av_context is None else av_context
         _, thr = acc.adaptive_verification_budget(
-            scores, n_sched, nondraft, draft_time_s,
-            lambda n: cm.step_time_array_s(gpu, model, n, n_sched, batch_ctx))
+            scores, n_sched, nondraft, draft_time_s if av_draft_time_s is None else av_draft_time_s,
+            lambda n: cm.step_time_array_s(gpu, model, n, n_sched, ctx))
         verified = np.where(slot_mask & (conf >= thr), 1, 0).sum(axis=1)
     else:
         verified = drafted

@@ -74,8 +74,10 @@ def test_replica_estimator_learns_step_cost_from_forward_tokens():
     est.update(sample)
     assert sample.forward_tokens / 10 == pytest.approx(16 + 128 + 32)
     assert est.replicas["r"].tokens_per_step == pytest.approx(176)
-    assert cost.learner.points()[0].tokens == pytest.approx(176)
-    assert cost.learner.points()[0].step_s == pytest.approx(0.04)
+    point = cost.learner.points()[0]
+    assert point.mean_tokens == pytest.approx(176)
+    assert (point.tokens, point.burst_tokens, point.burst_share) == pytest.approx((144, 32, 1.0))  # no prompt size known: even
+    assert point.step_s == pytest.approx(0.04)
 
 
 def test_acceptance_is_kept_per_method():
@@ -91,3 +93,29 @@ def test_acceptance_is_kept_per_method():
     assert by_method["ngram"] < overall < by_method["dspark"]
     view = est.views({"t"}, {})[0]
     assert view.by_method == by_method
+
+
+
+def test_the_drafters_pass_is_charged_per_decoding_request_of_a_drafting_step():
+    """vLLM drafts batch-wide: when the token budget (a prefill burst) or a cap
+    leaves most requests' drafts unscheduled, those requests still paid for
+    the pass. The learner is given the decode batch of the steps that draft,
+    not vLLM's draft count (which made a ramp's steps look like a dear flat
+    level with a free drafter)."""
+    from controller.costs import ReplicaCost
+    from controller.estimators import ReplicaEstimator
+    from controller.signals import ReplicaSample
+
+    def drafting_per_step(drafts: float) -> tuple[float, float]:
+        est, cost = ReplicaEstimator(), ReplicaCost.for_names(profile="dspark-b8")
+        est.ensure("r", "dspark-b8", cost)
+        # 10 steps of 16 decoding requests; `drafts` of the 160 request-steps had drafts scheduled.
+        est.update(ReplicaSample("r", dt_s=0.4, running=16, waiting=0, kv_usage=0.1, drafts=drafts,
+                                 draft_tokens=8 * drafts, accepted_tokens=2 * drafts, iteration_tokens=160 + 2 * drafts,
+                                 iterations=10, generation_tokens=160 + 2 * drafts, prompt_tokens=0))
+        point = cost.learner.points()[0]
+        return point.drafting, point.share
+
+    assert drafting_per_step(40) == pytest.approx((16, 1.0))  # 4 drafts a step: every step ran the pass
+    assert drafting_per_step(5) == pytest.approx((8, 0.5))  # half a draft a step: about half the steps did
+    assert drafting_per_step(0) == pytest.approx((0, 0.0))

@@ -168,3 +168,85 @@ def test_an_interval_that_starts_or_ends_idle_is_not_a_step_time():
     assert cost.learner.points() == []
     est.update(sample(4, 4))
     assert cost.learner.points()[0].step_s == pytest.approx(0.1)
+
+
+def test_prefill_bursts_are_read_as_a_mix_of_steps_not_one_average_step():
+    """With chunked prefill a share of the steps carries a whole prompt chunk;
+    the interval's mean step time then lies above the curve at the mean token
+    count wherever the curve bends. Read with the burst model (the chunk size
+    known: the mean prompt), the learner recovers the decode step; read as
+    one average step it prices a decode-only step at up to ~1.9x (seen on the
+    simulator at c=256: `off` priced 2.4x its cost)."""
+    def learn(chunk: float | None) -> StepCurve:
+        learner, rng = StepCostLearner(prior=prior_for(None, None, "off")), random.Random(0)
+        for batch in (4, 8, 16, 32, 64, 128):
+            for _ in range(6):
+                q, c = 0.3, 512.0  # 30 % of the steps carry a 512-token prompt chunk
+                step = (q * H200.step_time_s(batch + c) + (1 - q) * H200.step_time_s(batch)) * rng.uniform(0.97, 1.03)
+                steps = round(2.0 / step)
+                learner.observe(steps * step, steps, steps * (batch + q * c), 0.0, batch, steps * q * c, chunk)
+        return learner.current()
+
+    bursty, smooth = learn(512.0), learn(None)
+    for batch in (4, 16, 64, 128):
+        assert bursty.step_time_s(batch) == pytest.approx(H200.step_time_s(batch), rel=0.08)
+    assert smooth.step_time_s(16) > 1.5 * H200.step_time_s(16)
+
+
+def test_a_replica_that_always_drafts_still_prices_its_drafter():
+    """At one deep batch, always drafting, the drafter's pass and the flat
+    level cannot be told apart; a model drafter's generic prior (its pass ~
+    0.2 of the target's work for each slot it proposes) splits them, so a
+    step without speculation is not charged for a pass it would skip."""
+    truth = StepCurve(0.006, 64, 0.056e-3, draft_s=0.12e-3)
+    points = [StepPoint(125 * m, truth.step_time_s(125 * m, 125, 1.0), 125, 1.0, 10.0) for m in (4, 5, 6)]
+    prior = prior_for(None, None, "dspark-b8")
+    assert prior.draft_work_tokens == pytest.approx(0.2 * 9)
+    fitted, free = fit_step_curve(points, prior), fit_step_curve(points, GENERIC_PRIOR)
+
+    def gap(c: StepCurve) -> float:
+        return c.step_time_s(625, 125, 1.0) - c.step_time_s(625)
+
+    assert gap(fitted) == pytest.approx(gap(truth), rel=0.2)
+    assert fitted.step_time_s(125) == pytest.approx(truth.step_time_s(125), rel=0.15)
+    assert gap(free) < 0.85 * gap(truth)  # a prior of "free" hands part of the pass to the flat level
+    assert prior_for(None, None, "ngram-k8").draft_work_tokens == 0.0  # a model-free drafter
+
+
+def test_the_fit_is_the_best_non_negative_one_not_the_first():
+    """Non-negativity by enumerating the parameter subsets must keep the best
+    feasible one: taking the first (the drafter's per-request cost pinned at 0
+    as soon as the free fit made the fixed part slightly negative) priced this
+    truth's 0.12 ms per drafting request as 0 and put 17 ms into the fixed part."""
+    truth = StepCurve(0.006, 64, 0.056e-3, draft_s=0.12e-3, draft_fixed_s=0.0)
+    rng = random.Random(3)
+    points = []
+    for drafting, batch in ((70, 118), (90, 121), (110, 127), (124, 125), (100, 130)):
+        for m in (4, 6, 8):
+            n = 125 * m
+            step = truth.step_time_s(n, drafting, drafting / batch) * rng.uniform(0.95, 1.05)
+            points.append(StepPoint(n, step, drafting, drafting / batch, 10.0))
+    fitted = fit_step_curve(points, prior_for(None, None, "off"))
+    assert fitted.draft_s == pytest.approx(truth.draft_s, rel=0.25)
+    assert fitted.draft_fixed_s < 0.002
+
+
+def test_a_profile_with_another_block_is_priced_with_the_pass_scaled_by_its_slots():
+    """The drafter proposes block + 1 slots per request; what was learned on
+    dspark-b8 prices dspark-b4's per-request pass at 5/9 (the fleet plan
+    compares block sizes with it: on the simulator at c=64 it then restarts
+    to dspark-b4-av, 0.99x that static, where it used to stay on b8)."""
+    cost = ReplicaCost(StepCostLearner(prior=prior_for(None, None, "dspark-b8")))
+    truth = StepCurve(0.006, 64, 0.056e-3, draft_s=0.12e-3)
+    for m in (3, 5, 7):
+        for batch in (16, 32, 64):
+            n = batch * m
+            steps = round(1.0 / truth.step_time_s(n, batch, 1.0))
+            cost.observe(steps * truth.step_time_s(n, batch, 1.0), steps, steps * n, steps * batch, batch, block=8)
+    assert cost.observed_block == 8
+    off = cost.step_time_s(64, 320, 0, 1000.0)
+    b8, b4 = cost.step_time_s(64, 320, 8, 1000.0) - off, cost.step_time_s(64, 320, 4, 1000.0) - off
+    assert b8 == pytest.approx(64 * 0.12e-3, rel=0.25)
+    fixed = cost.curve.draft_fixed_s  # the pass's weight read: once per step, whatever the block
+    assert b4 - fixed == pytest.approx((b8 - fixed) * 5 / 9, rel=1e-6)
+    assert b4 < 0.75 * b8
