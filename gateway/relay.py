@@ -235,6 +235,11 @@ async def _relay_stream(state: RequestPathState, ctx: RequestContext, resp, send
                 t_first = _perf()
                 metrics.child(metrics.ttft, replica.name).observe(t_first - t_up)
             out = tap.feed(data)
+            if tap.usage is not None and ctx.usage is None:
+                # The stream's end is here (its usage chunk is the last before
+                # [DONE]): recorded now, so a client that leaves at [DONE] while
+                # the replica is still closing the stream is accounted for.
+                ctx.usage, ctx.spec_metrics = tap.usage, tap.metrics
             if out:
                 await send({"type": "http.response.body", "body": out, "more_body": True})
                 if first:

@@ -66,13 +66,13 @@ async def on_error(state: RequestPathState, ctx: RequestContext, exc: BaseExcept
             state.accounting.refund_request(ctx.tenant, ctx.reserved)
         await _try_send_error(send, exc)
     elif isinstance(exc, ClientGone):
-        ctx.status = 499
+        _client_left(state, ctx)
     elif isinstance(exc, asyncio.CancelledError):
         if not ctx.client_gone:
             return False  # cancelled from outside (shutdown): propagate
         # Our watcher cancelled us: the client went away. The upstream
         # response was closed by the relay's cleanup.
-        ctx.status = 499
+        _client_left(state, ctx)
         asyncio.current_task().uncancel()
     elif isinstance(exc, Exception):
         log.exception("unexpected error in request path", exc_info=exc, extra={"fields": {"tenant": ctx.tenant.id if ctx.tenant else None}})
@@ -81,6 +81,18 @@ async def on_error(state: RequestPathState, ctx: RequestContext, exc: BaseExcept
     else:
         return False
     return True
+
+
+def _client_left(state: RequestPathState, ctx: RequestContext) -> None:
+    """The client went away. If the replica's stream had already reported its
+    usage (the last chunk before [DONE]), the client left at the end of a
+    complete response -- an OpenAI SDK closes the connection at [DONE] -- so
+    it is a success and is settled and recorded like one; otherwise 499."""
+    if ctx.usage is not None:
+        ctx.status = 200
+        account(state, ctx)
+    else:
+        ctx.status = 499
 
 
 async def _try_send_error(send, err: GatewayError) -> None:

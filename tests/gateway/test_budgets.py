@@ -101,3 +101,31 @@ def test_budget_store_down_fails_closed_with_503(start_backend, start_gateway):
         assert ask(type("G", (), {"url": server.url})(), key="beta").status_code == 200  # unlimited tenants need no store
     finally:
         server.stop()
+
+
+def test_a_client_that_leaves_at_done_is_settled_to_the_real_count(start_backend, start_gateway, redis_url, redis_prefix):
+    """The OpenAI SDK closes a stream's connection at [DONE]. A replica may
+    keep it open a moment longer (here 3 s); the client's disconnect then
+    cancels the relay while it waits for the replica's end, after the usage
+    chunk went by. That is a complete response: settled to the real count and
+    recorded as a 200 (it used to be left at the estimate, as a 499)."""
+    import redis
+
+    from .conftest import wait_for
+
+    backend = start_backend()
+    backend.fake.control.update(stop_after=4, linger_s=3.0)
+    gw = start_gateway([{"url": backend.url}], [tenant("alpha", tokens_per_minute=1000)])
+    c = openai.OpenAI(base_url=gw.v1(), api_key=KEYS["alpha"], max_retries=0)
+    chunks = list(c.chat.completions.create(model="fake-model", messages=[{"role": "user", "content": "hi"}],
+                                            max_tokens=40, stream=True))
+    assert "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices) == " tok0 tok1 tok2 tok3"
+    r = redis.Redis.from_url(redis_url)
+
+    def window_tokens() -> float:
+        return sum(float(r.hget(k, "tokens") or 0) for k in r.scan_iter(match=f"{redis_prefix}budget:alpha:*"))
+
+    wait_for(lambda: abs(window_tokens() - 5) < 1e-6, timeout=10)  # 1 prompt + 4 completion, not the 41 reserved
+    r.close()
+    finished = [s for s in gw.state.metrics.requests.collect()[0].samples if s.name.endswith("_total")]
+    assert {s.labels["status"] for s in finished if s.value > 0} == {"200"}

@@ -22,7 +22,9 @@ What it imitates, on purpose (the wire format is vLLM's, built by
 
 Test controls (never part of the OpenAI surface): `POST /_fake/control` with
 `{"fail_next": n, "fail_status": 500, "die_after_chunks": k, "delay_s": x,
-"chunk_delay_s": y, "stop_after": n, "healthy": bool}`, `GET /_fake/requests` (recent upstream
+"chunk_delay_s": y, "linger_s": z, "stop_after": n, "healthy": bool}` (`linger_s`: keep a
+finished stream's connection open that long after `[DONE]`, as a replica may
+before its server closes it), `GET /_fake/requests` (recent upstream
 request bodies and headers as received), `GET /_fake/stats` (requests,
 completed, cancelled = client went away before the response finished).
 
@@ -67,7 +69,7 @@ class FakeBackend:
         self.knobs = knobs
         self.draft_k = draft_k
         self.accepted_per_step = accepted_per_step
-        self.control: dict[str, Any] = {"fail_next": 0, "fail_status": 500, "die_after_chunks": None, "delay_s": 0.0, "chunk_delay_s": 0.0, "healthy": True}
+        self.control: dict[str, Any] = {"fail_next": 0, "fail_status": 500, "die_after_chunks": None, "delay_s": 0.0, "chunk_delay_s": 0.0, "linger_s": 0.0, "healthy": True}
         self.recorded: collections.deque = collections.deque(maxlen=record)
         self.stats = {"requests": 0, "completed": 0, "cancelled": 0}
         self.running = 0
@@ -219,6 +221,14 @@ class FakeBackend:
             events.append(wire.usage_chunk(rid, created, model, self._prompt_tokens(req, chat), n, chat=chat, spec=self._spec(req, n)))
         die = self.control["die_after_chunks"]
         delay = float(self.control["chunk_delay_s"] or 0)
+        linger = float(self.control.get("linger_s") or 0)
+        if linger:
+            payload = b"".join(map(wire.sse, events)) + wire.DONE
+            await send({"type": "http.response.body", "body": payload, "more_body": True})
+            await asyncio.wait({watcher}, timeout=linger)
+            await send({"type": "http.response.body", "body": b""})
+            self.stats["completed"] += 1
+            return
         if not delay and die is None:
             payload = b"".join(map(wire.sse, events)) + wire.DONE
             await send({"type": "http.response.body", "body": payload})
