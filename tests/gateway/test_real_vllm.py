@@ -201,15 +201,12 @@ def test_stripped_usage_settles_the_token_budget_with_real_counts(
         tenants=[tenant("alpha"), tenant("gamma", tokens_per_minute=100_000)],
     )
     model = vllm_ngram_server.model
-    # ignore_eos: both requests produce exactly MAX_TOKENS, so the reference's count is the stream's
-    # too (at temperature 0 alone, a tiny model's EOS can land differently under batching on a busy host).
     reference = client(gw.v1(), KEYS["alpha"]).completions.create(
-        model=model, prompt=PROMPTS[3], max_tokens=MAX_TOKENS, temperature=0, extra_body={"ignore_eos": True}
+        model=model, prompt=PROMPTS[3], max_tokens=MAX_TOKENS, temperature=0
     )
     chunks = list(
         client(gw.v1(), KEYS["gamma"]).completions.create(
-            model=model, prompt=PROMPTS[3], max_tokens=MAX_TOKENS, temperature=0, stream=True,
-            extra_body={"ignore_eos": True},
+            model=model, prompt=PROMPTS[3], max_tokens=MAX_TOKENS, temperature=0, stream=True
         )
     )
     assert all(c.usage is None for c in chunks)
