@@ -113,10 +113,11 @@ class StepPoint:
 
     def predicted_s(self, curve: StepCurve) -> float:
         """The mean step time `curve` predicts for this point's mix of steps."""
-        return (
-            curve.flat_s + curve.slope_s * self.over_knee(curve.knee_tokens)
-            + curve.draft_fixed_s * min(max(self.share, 0.0), 1.0) + curve.draft_s * max(self.drafting, 0.0)
-        )
+        plain = curve.step_time_s(self.tokens, self.drafting, self.share)
+        q = min(max(self.burst_share, 0.0), 1.0)
+        if q <= 0:
+            return plain
+        return (1.0 - q) * plain + q * curve.step_time_s(self.tokens + self.burst_tokens, self.drafting, self.share)
 
 
 @dataclass(frozen=True)

@@ -213,15 +213,17 @@ class ReplicaEngine:
         spec: SpecDraws | None = None
         draft_time = 0.0
         caps = np.minimum(np.asarray(cap_list, dtype=np.int64), k_step)  # batch-size table: K by #scheduled
+        def pass_s(context: float) -> float:  # the drafter's pass at a context (the truth, or AV's belief)
+            return cfg.drafter_cost_scale * cm.drafter_time_s(self.gpu, self.model, len(decode), block, context)
+
         # The drafter proposes a full block for every decoding request in the batch (vLLM drafts
         # batch-wide); per-request caps and the step's K only trim what is verified. A step capped
         # at K=0 skips the pass, unless the truth says the runner drafts anyway (k0_pays_drafter).
         if decode and (k_step > 0 or (block and cfg.k0_pays_drafter)):
-            draft_time = cfg.drafter_cost_scale * cm.drafter_time_s(self.gpu, self.model, len(decode), block, ctx)
+            draft_time = pass_s(ctx)
         if k_step > 0 and decode:
             av_ctx = cfg.av_profile_context
-            av_draft = None if av_ctx is None else (
-                cfg.drafter_cost_scale * cm.drafter_time_s(self.gpu, self.model, len(decode), block, av_ctx))
+            av_draft = None if av_ctx is None else pass_s(av_ctx)
             spec = draw_speculation(decode, prefill, caps, profile=self.profile, gpu=self.gpu, model=self.model,
                                     rng=self.rng, n_sched=n_sched, batch_ctx=ctx, draft_time_s=draft_time,
                                     av_context=av_ctx, av_draft_time_s=av_draft)

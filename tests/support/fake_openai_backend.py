@@ -221,17 +221,13 @@ class FakeBackend:
             events.append(wire.usage_chunk(rid, created, model, self._prompt_tokens(req, chat), n, chat=chat, spec=self._spec(req, n)))
         die = self.control["die_after_chunks"]
         delay = float(self.control["chunk_delay_s"] or 0)
-        linger = float(self.control.get("linger_s") or 0)
-        if linger:
-            payload = b"".join(map(wire.sse, events)) + wire.DONE
-            await send({"type": "http.response.body", "body": payload, "more_body": True})
-            await asyncio.wait({watcher}, timeout=linger)
-            await send({"type": "http.response.body", "body": b""})
-            self.stats["completed"] += 1
-            return
+        linger = float(self.control["linger_s"] or 0)
         if not delay and die is None:
             payload = b"".join(map(wire.sse, events)) + wire.DONE
-            await send({"type": "http.response.body", "body": payload})
+            await send({"type": "http.response.body", "body": payload, "more_body": linger > 0})
+            if linger:
+                await asyncio.wait({watcher}, timeout=linger)
+                await send({"type": "http.response.body", "body": b""})
             self.stats["completed"] += 1
             return
         for i, e in enumerate(events):
