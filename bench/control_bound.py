@@ -104,7 +104,7 @@ def replica_rate(profile: str, mix: dict[str, float], caps: dict[str, int], tena
     n = b * verify
     chunk = max(1.0, sum(w * tenants[t].prompt_mean for t, w in mix.items()))
     q = min(1.0, b * prefill / chunk)
-    burst = min(chunk, b * prefill / q) if q > 0 else 0.0
+    burst = b * prefill / q if q > 0 else 0.0  # a chunk; more once every step carries prefill (q = 1)
     step = (q * cm.step_time_s(g, m, int(round(n + burst)), b, context)
             + (1.0 - q) * cm.step_time_s(g, m, int(round(n)), b, context) + draft_s)
     # Below one request per replica the replica idles part of the time (c=1 on
