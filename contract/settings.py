@@ -136,10 +136,42 @@ class GatewaySettings(_Strict):
         description="with NO tenants configured, serve every caller as tenant 'anonymous' (like vLLM without --api-key); "
         "ignored as soon as one tenant is configured",
     )
-    # Timeouts (seconds).
+    # Upstream timeouts (seconds). They are backstops: a replica that stops
+    # making progress is caught sooner by `wedge_after_s`. Before the first
+    # byte reaches the client a timed-out attempt fails over.
     connect_timeout_s: float = Field(default=2.0, gt=0)
-    first_byte_timeout_s: float = Field(default=300.0, gt=0, description="until upstream response headers")
-    read_timeout_s: float = Field(default=300.0, gt=0, description="max gap between upstream body chunks")
+    first_byte_timeout_s: float = Field(
+        default=30.0, gt=0, description="streams: until the replica's response headers (vLLM sends them before queueing and prefill)"
+    )
+    response_timeout_s: float = Field(
+        default=900.0,
+        gt=0,
+        description="non-streaming: until the whole response (its headers come with its end, so a long completion is not a hang)",
+    )
+    read_timeout_s: float = Field(default=120.0, gt=0, description="max gap between upstream body chunks")
+    wedge_after_s: float = Field(
+        default=3.0,
+        gt=0,
+        description="a replica that answers neither /health nor /metrics, or whose token counters stand still while it has "
+        "running requests, this long is taken out of rotation: requests it has not answered yet are retried elsewhere",
+    )
+    # Client-side limits (one hostile client must not stall the instance).
+    max_header_bytes: int = Field(
+        default=60 * 1024, ge=1024, description="request line + headers; larger -> 431 (Envoy's max_request_headers_kb is 60)"
+    )
+    header_timeout_s: float = Field(default=10.0, gt=0, description="complete request headers within this, else 408 and closed")
+    body_timeout_s: float = Field(default=30.0, gt=0, description="the whole request body within this after its headers, else 408")
+    max_connections: int = Field(default=4096, ge=1, description="open client connections per instance; beyond it new ones are closed at once")
+    max_inflight_requests: int = Field(
+        default=2048, ge=1, description="completion requests in progress per instance; beyond it 503 + Retry-After"
+    )
+    # Drain on SIGTERM (pre + deadline stays below Kubernetes' 30 s grace period).
+    drain_pre_s: float = Field(
+        default=5.0, ge=0, description="after SIGTERM /ready answers 503 and the listener still accepts this long, so load balancers stop sending"
+    )
+    drain_deadline_s: float = Field(
+        default=20.0, gt=0, description="then in-flight requests get this long; streams still open end with an SSE error event and [DONE]"
+    )
     # Resilience.
     max_attempts: int = Field(default=3, ge=1, le=10, description="attempts across replicas before the first byte")
     retry_backoff_base_s: float = Field(default=0.05, ge=0)
@@ -150,7 +182,9 @@ class GatewaySettings(_Strict):
     health_interval_s: float = Field(default=2.0, gt=0, description="liveness checks (/health, /v1/models)")
     health_timeout_s: float = Field(default=2.0, gt=0)
     health_fail_threshold: int = Field(default=3, ge=1)
-    health_success_threshold: int = Field(default=2, ge=1)
+    health_success_threshold: int = Field(
+        default=1, ge=1, description="consecutive good checks that put an unhealthy replica back (a good check also closes its breaker)"
+    )
     metrics_interval_s: float = Field(
         default=1.0, gt=0, description="replica /metrics scrape (routing load; also the embedded controller's input)"
     )
@@ -171,8 +205,26 @@ class GatewaySettings(_Strict):
         "locally (0 = a Redis round trip for every request); tenants whose limits are too small to lease are decided per request",
     )
     budget_lease_s: float = Field(default=1.0, gt=0, le=10, description="a budget lease covers about this much traffic and is returned after this long unused")
+    budget_failure_mode: Literal["deny", "allow", "local"] = Field(
+        default="local",
+        description="while the budget store is down: deny budgeted tenants (503), allow them unmetered, or enforce each "
+        "instance's share of every limit locally (limit / live instances) and reconcile when the store returns",
+    )
+    budget_store_timeout_s: float = Field(default=0.5, gt=0, description="one budget store call; past it the store counts as down")
+    budget_store_retry_s: float = Field(
+        default=2.0, gt=0, description="after a store failure budget calls fail fast this long, then one call probes it"
+    )
+    instance_heartbeat_s: float = Field(
+        default=2.0, gt=0, description="each instance's heartbeat in the store (live instances size the local budget share)"
+    )
     # Observability.
     metrics_top_tenants: int = Field(default=20, ge=1, description="tenants with their own metric label; the rest are 'other'")
+    metrics_tenant_labels: bool = Field(default=True, description="false: every tenant is labelled 'other' on /metrics (no tenant ids exposed)")
+    metrics_token: str | None = Field(default=None, description="bearer token /metrics requires (None: open, as Prometheus scrapes expect)")
+    metrics_port: int | None = Field(
+        default=None, ge=1, le=65535, description="serve /metrics on this separate (internal) port instead of the main listener"
+    )
+    docs: bool = Field(default=True, description="serve /docs (Swagger UI) beside /openapi.json")
     telemetry_flush_s: float = Field(default=0.5, gt=0, description="how often per-request telemetry is flushed to the store")
     tracing: TracingConfig = Field(default_factory=TracingConfig)
     access_log: bool = Field(default=False, description="one JSON line per request (never keys or prompts)")

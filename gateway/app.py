@@ -27,6 +27,7 @@ from .accounting import Accounting, estimate_tokens
 from .auth import TenantDirectory
 from .deps import RequestPathState
 from .health import HealthMonitor
+from .inflight import InflightRequests
 from .logs import configure_logging
 from .metrics import GatewayMetrics
 from .policy_watch import PolicyView, PolicyWatcher
@@ -53,7 +54,28 @@ class GatewayState:
         self.accounting: Accounting | None = None
         self.health: HealthMonitor | None = None
         self.watcher: PolicyWatcher | None = None
+        self.inflight_requests = InflightRequests(settings.gateway.max_inflight_requests)
+        # Drain (gateway.server): `draining` turns /ready 503 at SIGTERM while the
+        # listener still accepts; `draining_closed` refuses new completion
+        # requests (503) once the pre-drain window is over.
+        self.draining = False
+        self.draining_closed = False
         self.started = False
+
+    def readiness(self) -> tuple[bool, dict]:
+        """/ready: 503 while draining, with no healthy replica, or with the
+        budget store down when budgets fail closed (`budget_failure_mode:
+        deny`); the store's state is reported either way."""
+        healthy = any(r.healthy for r in self.registry)
+        store_up = getattr(self.accounting, "store_up", True) if self.accounting is not None else True
+        fails_closed = self.settings.gateway.budget_failure_mode == "deny"
+        ok = healthy and not self.draining and (store_up or not fails_closed)
+        return ok, {
+            "ready": ok,
+            "draining": self.draining,
+            "healthy_replicas": healthy,
+            "budget_store": "up" if store_up else "down",
+        }
 
     @property
     def policies(self) -> PolicySet:
@@ -149,8 +171,8 @@ def create_app(settings: Settings | None = None, store: Store | None = None) -> 
 
     @app.get("/ready")
     async def ready() -> JSONResponse:
-        ok = any(r.healthy for r in state.registry)
-        return JSONResponse({"ready": ok}, status_code=200 if ok else 503)
+        ok, body = state.readiness()
+        return JSONResponse(body, status_code=200 if ok else 503)
 
     @app.get("/v1/models")
     async def models(request: Request) -> JSONResponse:

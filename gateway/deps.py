@@ -15,6 +15,7 @@ if TYPE_CHECKING:
 
     from .accounting import Accounting
     from .auth import TenantDirectory
+    from .inflight import InflightRequests
     from .metrics import GatewayMetrics
     from .policy_watch import PolicyView
     from .replicas import ReplicaState
@@ -31,6 +32,8 @@ class RequestPathState(Protocol):
     session_header: bytes  # lower-cased header name carrying the session id
     upstream: Upstream  # set when the app starts
     accounting: Accounting  # set when the app starts
+    inflight_requests: InflightRequests  # the instance's in-flight cap and `abort`
+    draining_closed: bool  # past the drain's pre-window: new completion requests get 503
 
     @property
     def replica_list(self) -> list[ReplicaState]: ...

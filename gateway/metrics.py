@@ -60,6 +60,15 @@ class GatewayMetrics:
         self.replica_inflight = Gauge("specgate_replica_inflight", "Requests the gateway has in flight", ["replica"], registry=r)
         self.replica_breaker_open = Gauge("specgate_replica_breaker_open", "1 while the circuit breaker is open", ["replica"], registry=r)
         self.policy_version = Gauge("specgate_policy_version", "Version of the speculation policy set in use", registry=r)
+        self.overloaded = Counter(
+            "specgate_overloaded", "Completion requests refused with 503 at the instance's in-flight cap", registry=r
+        )
+        self.ejections = Counter(
+            "specgate_replica_ejections", "Replicas taken out of rotation by the gateway, by reason", ["replica", "reason"], registry=r
+        )
+        self.aborted = Counter(
+            "specgate_requests_aborted", "Requests the gateway ended itself, by reason and outcome", ["reason", "outcome"], registry=r
+        )
         self._children: dict[tuple, object] = {}
 
     def tenant_label(self, tenant: str) -> str:

@@ -24,6 +24,8 @@ for streaming and non-streaming requests alike.
 
 from __future__ import annotations
 
+import asyncio
+import os
 import time
 
 from .asgi_io import send_error, watch_disconnect
@@ -54,7 +56,18 @@ class CompletionEndpoint:
         if scope["method"] != "POST":
             await send_error(send, GatewayError(405, f"Method {scope['method']} not allowed; use POST."))
             return
+        inflight = state.inflight_requests
+        if inflight.full or state.draining_closed:
+            # Bounded: past the cap a client is told to come back rather
+            # than queued without limit (the replicas' queues are the queue).
+            await send_error(
+                send,
+                GatewayError(503, "The gateway is at capacity; retry shortly.", code="overloaded", headers=[(b"retry-after", b"1")]),
+            )
+            state.metrics.overloaded.inc()
+            return
         ctx = RequestContext(t0, self.endpoint_label, self.path)
+        ctx.request_id = os.urandom(8).hex()
         session_name = state.session_header
         for key, value in scope["headers"]:
             if key == b"authorization":
@@ -70,7 +83,15 @@ class CompletionEndpoint:
                 ctx.tracestate = value
             elif key == session_name:
                 ctx.session = value.decode("latin-1")
-        tracing = state.tracing
+        task = asyncio.current_task()
+        inflight.add(task, ctx)
+        try:
+            await self._traced(ctx, receive, send)
+        finally:
+            inflight.discard(task)
+
+    async def _traced(self, ctx: RequestContext, receive, send) -> None:
+        tracing = self.state.tracing
         if not tracing.enabled:
             await self._handle(ctx, receive, send)
             return

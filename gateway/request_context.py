@@ -54,12 +54,20 @@ class RequestContext:
     policy: SpeculationPolicy | None = None
 
     # -- relay ---------------------------------------------------------
+    attempt: ReplicaState | None = None  # the replica the current upstream attempt is on
     replica: ReplicaState | None = None  # the replica whose response is relayed
     t_upstream: float = 0.0  # perf_counter when that attempt started
     status: int = 500
     usage: dict[str, Any] | None = None
     spec_metrics: dict[str, Any] | None = None
     watcher: asyncio.Future | None = None  # cancels the request when the client disconnects
+    response_started: bool = False  # http.response.start was sent: errors from here on go in-band
+    response_headers: list[tuple[bytes, bytes]] | None = None  # added to the response (x-ratelimit-*), set by admit
+    # Why the gateway itself cancelled this request's task (`abort`), e.g.
+    # "shutdown" at the drain deadline or "replica_wedged"; None: it did not.
+    abort_reason: str | None = None
+    aborted_replica: ReplicaState | None = None  # the wedged replica whose attempt was cancelled
+    request_id: str = ""  # set by the endpoint; in error bodies, SSE error events and log lines, never replica details
 
     # -- trace marks (time.time_ns; only when traced) ---------------------
     t_auth_start_ns: int = 0

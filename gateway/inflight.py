@@ -1,0 +1,55 @@
+"""The instance's in-flight completion requests: the cap that keeps one
+instance from queueing without bound, and the one way the gateway ends
+requests itself (`abort`): at the drain deadline, or when the replica an
+attempt waits on is found wedged.
+
+Why a registry and task cancellation: a request waits inside an upstream
+read that only a cancellation interrupts promptly; the request path sees
+`ctx.abort_reason` and turns the cancellation into a failover (no byte sent
+yet), an SSE error event (stream under way), or a 503 (shutdown).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .replicas import ReplicaState
+    from .request_context import RequestContext
+
+
+class InflightRequests:
+    __slots__ = ("_tasks", "limit")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._tasks: dict[asyncio.Task, RequestContext] = {}
+
+    def __len__(self) -> int:
+        return len(self._tasks)
+
+    @property
+    def full(self) -> bool:
+        return len(self._tasks) >= self.limit
+
+    def add(self, task: asyncio.Task, ctx: RequestContext) -> None:
+        self._tasks[task] = ctx
+
+    def discard(self, task: asyncio.Task) -> None:
+        self._tasks.pop(task, None)
+
+    def abort(self, reason: str, replica: ReplicaState | None = None) -> int:
+        """Cancel every request (or those whose current attempt is on
+        `replica`) with `reason`; returns how many were cancelled."""
+        n = 0
+        for task, ctx in list(self._tasks.items()):
+            if task.done() or ctx.abort_reason is not None:
+                continue
+            if replica is not None and ctx.attempt is not replica:
+                continue
+            ctx.abort_reason = reason
+            ctx.aborted_replica = replica
+            task.cancel()
+            n += 1
+        return n
