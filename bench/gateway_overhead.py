@@ -22,6 +22,11 @@ Also reported: the gateway process's CPU time per request (from /proc), and
 the single-core capacity it implies (1 s / CPU per request) — the figure that
 stays meaningful when other processes compete for the cores.
 
+`--baseline REF` also runs the gateway as it was at git REF (a temporary
+worktree; same config, same pinned core) and interleaves it in the latency
+runs and the throughput table, so a change's cost is read side by side in one
+run instead of across two runs on a noisy machine.
+
 Run: `.venv/bin/python bench/gateway_overhead.py` (needs Redis on
 127.0.0.1:6379 or --redis-url). Prints tables; `--json` writes the figures.
 """
@@ -95,14 +100,20 @@ def pct(values: list[float], q: float) -> float:
 
 
 # -- open-loop latency ----------------------------------------------------
-async def latency_run(direct: str, gateway: str, rate: float, duration: float, stream: bool, gateway_pid: int | None = None) -> dict:
+async def latency_run(
+    direct: str, gateway: str, rate: float, duration: float, stream: bool, gateway_pid: int | None = None, baseline: str | None = None
+) -> dict:
     import aiohttp
 
     body = dict(CHAT, stream=True) if stream else CHAT
     data = json.dumps(body).encode()
     headers = {"content-type": "application/json", "authorization": f"Bearer {KEY}"}
-    results: dict[str, list[float]] = {"direct": [], "gateway": []}
-    errors = {"direct": 0, "gateway": 0}
+    targets = {"direct": direct, "gateway": gateway}
+    if baseline:
+        targets["baseline"] = baseline
+    names = list(targets)
+    results: dict[str, list[float]] = {k: [] for k in names}
+    errors = {k: 0 for k in names}
     conn = aiohttp.TCPConnector(limit=256)
     async with aiohttp.ClientSession(connector=conn) as session:
 
@@ -128,33 +139,43 @@ async def latency_run(direct: str, gateway: str, rate: float, duration: float, s
 
         # Steady state, not cold start: open the pooled connections on both
         # paths and run both code paths for a second before measuring.
-        await asyncio.gather(*(one("direct", direct) for _ in range(64)), *(one("gateway", gateway) for _ in range(64)))
+        await asyncio.gather(*(one(k, u) for k, u in targets.items() for _ in range(64)))
         warm_until = time.perf_counter() + 1.0
         while time.perf_counter() < warm_until:
-            await asyncio.gather(one("direct", direct), one("gateway", gateway))
+            await asyncio.gather(*(one(k, u) for k, u in targets.items()))
             await asyncio.sleep(1.0 / rate)
-        results = {"direct": [], "gateway": []}
-        errors = {"direct": 0, "gateway": 0}
+        results = {k: [] for k in names}
+        errors = {k: 0 for k in names}
         cpu0 = cpu_seconds(gateway_pid) if gateway_pid else 0.0
         tasks = []
         interval = 1.0 / rate
         start = time.perf_counter()
-        n = int(rate * duration)
+        n = int(rate * duration * len(names) / 2)  # `rate` per path pair, as before a baseline existed
         for i in range(n):
-            target = start + i * interval
+            target = start + i * interval * 2 / len(names)
             delay = target - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
-            which = "gateway" if i % 2 else "direct"
-            tasks.append(asyncio.ensure_future(one(which, gateway if which == "gateway" else direct)))
+            which = names[i % len(names)]
+            tasks.append(asyncio.ensure_future(one(which, targets[which])))
         await asyncio.gather(*tasks)
         cpu = cpu_seconds(gateway_pid) - cpu0 if gateway_pid else float("nan")
     d, g = results["direct"], results["gateway"]
+    extra = {}
+    if baseline:
+        b = results["baseline"]
+        extra = {
+            "baseline_p50": pct(b, 0.5),
+            "baseline_p99": pct(b, 0.99),
+            "baseline_added_p50": pct(b, 0.5) - pct(d, 0.5),
+            "baseline_added_p99": pct(b, 0.99) - pct(d, 0.99),
+        }
     return {
+        **extra,
         "gateway_cpu_us_per_req": cpu * 1e6 / max(1, len(g) + errors["gateway"]),
         "rate": rate,
         "stream": stream,
-        "n": len(d) + len(g),
+        "n": sum(len(v) for v in results.values()),
         "errors": errors,
         "direct_p50": pct(d, 0.5),
         "direct_p99": pct(d, 0.99),
@@ -263,14 +284,29 @@ def write_config(args, backend_port: int, prefix: str, upstream: str, sample_rat
     return cfg.name
 
 
-def start_gateway(args, cfg: str, port: int) -> subprocess.Popen:
+def start_gateway(args, cfg: str, port: int, root: Path = ROOT) -> subprocess.Popen:
+    """The gateway from `root` (this checkout, or the baseline's worktree:
+    `python -m` with that cwd and PYTHONPATH imports its packages first)."""
     proc = subprocess.Popen(
         pinned(args.gateway_cpu, [sys.executable, "-m", "specgate.cli", "gateway", "--config", cfg, "--port", str(port)]),
         stdout=subprocess.DEVNULL,
-        cwd=ROOT,
+        cwd=root,
+        env={**os.environ, "PYTHONPATH": str(root)},
     )
     wait_http(f"http://127.0.0.1:{port}/health")
     return proc
+
+
+def baseline_worktree(ref: str) -> Path:
+    """A detached worktree of `ref` in a temporary folder (removed by `drop_worktree`)."""
+    path = Path(tempfile.mkdtemp(prefix="specgate-baseline-"))
+    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "--force", str(path), ref], check=True, capture_output=True)
+    return path
+
+
+def drop_worktree(path: Path) -> None:
+    subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(path)], capture_output=True)
+    shutil.rmtree(path, ignore_errors=True)
 
 
 def stop(proc: subprocess.Popen) -> None:
@@ -304,6 +340,9 @@ def main() -> None:
         default="aiohttp,aiohttp@0.01,aiohttp@off,httpx",
         help="gateway variants for the throughput table: upstream client @ trace sample ratio|off; the first one also gets the latency table",
     )
+    ap.add_argument(
+        "--baseline", metavar="REF", help="also run the gateway as of git REF (first variant only), interleaved side by side"
+    )
     ap.add_argument("--json", help="write results to this file")
     ap.add_argument(
         "--nice", type=int, default=0, help="niceness for gateway, backend and load generators (negative needs root); "
@@ -320,6 +359,7 @@ def main() -> None:
     variants = [parse_variant(v) for v in args.variants.split(",") if v]
     backend = None
     configs: list[str] = []
+    base_root = baseline_worktree(args.baseline) if args.baseline else None
     try:
         backend = subprocess.Popen(
             pinned(args.backend_cpu, [sys.executable, "-m", "tests.support.fake_openai_backend", "--port", str(backend_port), "--spec", "--knobs"]),
@@ -341,42 +381,55 @@ def main() -> None:
             configs.append(cfg)
             gw = start_gateway(args, cfg, port)
             gateway = f"http://127.0.0.1:{port}"
+            base = base_url = None
+            if i == 0 and base_root is not None:
+                base_port = free_port()
+                base = start_gateway(args, cfg, base_port, base_root)
+                base_url = f"http://127.0.0.1:{base_port}"
             try:
                 if i == 0:
-                    print(f"latency, gateway = {name}")
-                    print(f"{'mode':<9}{'rate/s':>7}{'n':>7}{'direct p50':>11}{'gw p50':>9}{'added p50':>10}{'direct p99':>11}{'gw p99':>9}{'added p99':>10}{'errors':>7}{'gw cpu us/req':>14}   (ms)")
+                    print(f"latency, gateway = {name}" + (f"; baseline = the same gateway at {args.baseline}" if base else ""))
+                    print(f"{'mode':<9}{'rate/s':>7}{'n':>7}{'direct p50':>11}{'gw p50':>9}{'added p50':>10}{'direct p99':>11}{'gw p99':>9}{'added p99':>10}{'errors':>7}{'gw cpu us/req':>14}"
+                          + (f"{'base added p50':>15}{'base added p99':>15}" if base else "") + "   (ms)")
                     for stream in (False, True):
                         for rate in [float(r) for r in args.rates.split(",")]:
-                            r = asyncio.run(latency_run(direct, gateway, rate, args.duration, stream, gw.pid))
+                            r = asyncio.run(latency_run(direct, gateway, rate, args.duration, stream, gw.pid, base_url))
                             r["variant"] = name
                             results["latency"].append(r)
                             print(
                                 f"{'ttft' if stream else 'non-str':<9}{rate:>7.0f}{r['n']:>7}{r['direct_p50']:>11.3f}{r['gateway_p50']:>9.3f}{r['added_p50']:>10.3f}"
                                 f"{r['direct_p99']:>11.3f}{r['gateway_p99']:>9.3f}{r['added_p99']:>10.3f}{sum(r['errors'].values()):>7}{r['gateway_cpu_us_per_req']:>14.0f}"
+                                + (f"{r['baseline_added_p50']:>15.3f}{r['baseline_added_p99']:>15.3f}" if base else "")
                             )
                     ok = stream_fidelity(direct, gateway)
                     results["stream_events_unchanged"] = ok
                     print(f"streamed events passed through unchanged: {ok}\n")
                     print(f"throughput, {args.connections} connections ({'wrk' if shutil.which('wrk') else 'asyncio client'})")
                     print(f"{'variant':<34}{'kind':<12}{'direct/s':>10}{'gateway/s':>11}{'ratio':>7}{'errors d/g':>12}{'gw cpu us/req':>15}{'1-core capacity/s':>19}")
+                runs = [(name, gw, gateway)] + ([(f"{name} @ {args.baseline}", base, base_url)] if base else [])
                 for label, body in (("non-stream", CHAT), ("stream", dict(CHAT, stream=True))):
                     d = throughput(direct + "/v1/chat/completions", body, args.throughput_seconds, args.connections, args.backend_cpu)
-                    c0 = cpu_seconds(gw.pid)
-                    g = throughput(gateway + "/v1/chat/completions", body, args.throughput_seconds, args.connections, args.backend_cpu)
-                    cpu_us = (cpu_seconds(gw.pid) - c0) * 1e6 / max(1.0, g["rps"] * args.throughput_seconds)
-                    row = {"variant": name, "kind": label, "direct": d, "gateway": g, "gateway_cpu_us_per_req": cpu_us}
-                    results["throughput"].append(row)
-                    print(
-                        f"{name:<34}{label:<12}{d['rps']:>10.0f}{g['rps']:>11.0f}{g['rps'] / d['rps']:>7.2f}{d['errors']:>6}/{g['errors']:<5}"
-                        f"{cpu_us:>15.0f}{1e6 / cpu_us:>19.0f}"
-                    )
+                    for run_name, proc, url in runs:
+                        c0 = cpu_seconds(proc.pid)
+                        g = throughput(url + "/v1/chat/completions", body, args.throughput_seconds, args.connections, args.backend_cpu)
+                        cpu_us = (cpu_seconds(proc.pid) - c0) * 1e6 / max(1.0, g["rps"] * args.throughput_seconds)
+                        row = {"variant": run_name, "kind": label, "direct": d, "gateway": g, "gateway_cpu_us_per_req": cpu_us}
+                        results["throughput"].append(row)
+                        print(
+                            f"{run_name:<34}{label:<12}{d['rps']:>10.0f}{g['rps']:>11.0f}{g['rps'] / d['rps']:>7.2f}{d['errors']:>6}/{g['errors']:<5}"
+                            f"{cpu_us:>15.0f}{1e6 / cpu_us:>19.0f}"
+                        )
             finally:
                 stop(gw)
+                if base is not None:
+                    stop(base)
         if args.json:
             Path(args.json).write_text(json.dumps(results, indent=2))
     finally:
         if backend is not None:
             stop(backend)
+        if base_root is not None:
+            drop_worktree(base_root)
         for cfg in configs:
             os.unlink(cfg)
         try:

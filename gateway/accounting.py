@@ -24,6 +24,17 @@ of it is returned to the window (`adjust_window`) when it expires after
 fit (near the limit) is simply not granted; requests then take the
 per-request path, so denials and `Retry-After` are decided as before.
 
+Store failures (`budget_guard`): every store call here is bounded by
+`budget_store_timeout_s` and goes through the guard's breaker, so a dead or
+hung store costs a request nothing beyond one timeout. While it is down,
+`budget_failure_mode` decides: `deny` (503 + Retry-After), `allow` (admit
+unmetered: `reserve` returns no decision, nothing is settled), or `local`
+(each instance enforces its share of every limit, `local_budget`, and pays
+what it admitted into the shared window when the store is back, before the
+breaker closes). Leases keep serving from what they hold (it is paid for);
+refills fail fast. Adjustments, refunds and telemetry that cannot reach the
+store wait in memory and go out once it answers again.
+
 Telemetry: `spec_telemetry` counters are additive, so per-(tenant, replica)
 increments are summed in memory and flushed every `telemetry_flush_s`
 (and on shutdown): the controller differentiates counters over tens of
@@ -41,10 +52,12 @@ from collections import defaultdict
 from typing import Any
 
 from contract.keys import budget_key
-from contract.settings import TenantConfig
+from contract.settings import GatewaySettings, TenantConfig
 from contract.store import Store, WindowDecision
 from contract.telemetry import RequestSpecStats, increments_for, record_increments
 
+from .budget_guard import BudgetGuard, StoreDown
+from .local_budget import LocalBudget
 from .periodic import Loops, every
 
 log = logging.getLogger("specgate.gateway.accounting")
@@ -78,6 +91,16 @@ def estimate_tokens(body: dict[str, Any], default_max_tokens: int) -> int:
 
 
 _LEASE_HIT = WindowDecision(True, 0.0, {})
+
+
+class _View:
+    """The last store decision seen for a tenant: what a lease hit can tell
+    the client about the shared window (see `Accounting.lease_view`)."""
+
+    __slots__ = ("at", "used", "reset_s")
+
+    def __init__(self, at: float, decision: WindowDecision) -> None:
+        self.at, self.used, self.reset_s = at, decision.used, decision.reset_s
 
 
 class _Lease:
@@ -130,8 +153,22 @@ class Accounting:
         telemetry_flush_s: float = 0.5,
         lease_fraction: float = 0.0,
         lease_s: float = 1.0,
+        settings: GatewaySettings | None = None,
+        metrics: Any = None,
     ) -> None:
+        """`settings` supplies the store failure behaviour (`budget_*`,
+        `instance_heartbeat_s`); defaults when omitted. `metrics`: the app's
+        `GatewayMetrics`, or None."""
+        g = settings if settings is not None else GatewaySettings()
         self.store = store
+        self.failure_mode = g.budget_failure_mode
+        self.metrics = metrics
+        self.guard = BudgetGuard(
+            store, g.budget_store_timeout_s, g.budget_store_retry_s, g.instance_heartbeat_s, metrics=metrics
+        )
+        self.guard.on_recover = self._reconcile
+        self.local = LocalBudget(window_s)
+        self._views: dict[str, _View] = {}
         self.lease_fraction = lease_fraction
         self.lease_s = lease_s
         self._leases: dict[str, _Lease] = {}
@@ -177,14 +214,54 @@ class Accounting:
                 lease.tokens -= tokens
             self._maybe_refill(tenant, lease, now)
             if hit:
-                return _LEASE_HIT, tokens
+                return self.lease_view(tenant.id, now), tokens
         future = asyncio.get_running_loop().create_future()
         self._pending.append((budget_key(tenant.id), {"requests": 1, "tokens": tokens}, {"requests": rpm, "tokens": tpm}, future))
         if not self._flush_scheduled and not self._batch_in_flight:
             self._flush_scheduled = True
             asyncio.get_running_loop().call_soon(self._start_batch)
-        decision = await future
+        try:
+            decision = await future
+        except StoreDown as down:
+            return await self._decide_store_down(tenant, tokens, down)
+        if self.lease_fraction > 0:
+            self._views[tenant.id] = _View(time.monotonic(), decision)
         return decision, tokens if decision.allowed else 0
+
+    @property
+    def store_up(self) -> bool:
+        """The budget store answers (the breaker is closed); /ready reports it."""
+        return self.guard.up
+
+    async def _decide_store_down(self, tenant: TenantConfig, tokens: int, down: StoreDown) -> tuple[WindowDecision | None, int]:
+        """The request's budget decision while the store is down, by
+        `budget_failure_mode`; `StoreDown` goes on to the caller under `deny`."""
+        mode = self.failure_mode
+        if mode == "deny":
+            self._count_down(mode, "refused")
+            raise down
+        if mode == "allow":
+            self._count_down(mode, "admitted")
+            return None, 0  # unmetered, like an unlimited tenant: nothing to settle
+        decision = await self.local.decide(tenant.id, tenant.requests_per_minute, tenant.tokens_per_minute, tokens, self.guard.instances)
+        self._count_down(mode, "admitted" if decision.allowed else "denied")
+        return decision, tokens if decision.allowed else 0
+
+    def _count_down(self, mode: str, outcome: str) -> None:
+        if self.metrics is not None:
+            self.metrics.child(self.metrics.budget_store_down_decisions, mode, outcome).inc()
+
+    def lease_view(self, tenant_id: str, now: float) -> WindowDecision:
+        """A lease hit's decision for the `x-ratelimit-*` headers: the shared
+        window as of this instance's last store decision for the tenant (its
+        last lease refill), aged by the time since. Approximate: it misses
+        what other instances admitted since, and counts this instance's
+        unspent lease as used."""
+        view = self._views.get(tenant_id)
+        if view is None:
+            return _LEASE_HIT
+        age = now - view.at
+        return WindowDecision(True, 0.0, view.used, None, {f: max(0.0, r - age) for f, r in view.reset_s.items()})
 
     def _start_batch(self) -> None:
         """Send everything queued as one call. While a batch is in flight new
@@ -207,7 +284,8 @@ class Accounting:
 
     async def _send_batch(self, batch) -> None:
         try:
-            decisions = await self.store.consume_windows([(k, c, l) for k, c, l, _ in batch], self.window_s)
+            requests = [(k, c, l) for k, c, l, _ in batch]
+            decisions = await self.guard.call(lambda: self.store.consume_windows(requests, self.window_s))
         except BaseException as exc:
             for *_, fut in batch:
                 if not fut.done():
@@ -252,10 +330,12 @@ class Accounting:
         """One atomic reservation of the whole slice; nothing is consumed
         when it does not fit."""
         rpm, tpm = tenant.requests_per_minute, tenant.tokens_per_minute
+        slice_ = [(budget_key(tenant.id), {"requests": want_r, "tokens": want_t}, {"requests": rpm, "tokens": tpm})]
         try:
-            (decision,) = await self.store.consume_windows(
-                [(budget_key(tenant.id), {"requests": want_r, "tokens": want_t}, {"requests": rpm, "tokens": tpm})], self.window_s
-            )
+            (decision,) = await self.guard.call(lambda: self.store.consume_windows(slice_, self.window_s))
+        except StoreDown:
+            lease.retry_at = time.monotonic() + self.lease_s  # the guard logged the outage once
+            return
         except Exception:
             lease.retry_at = time.monotonic() + self.lease_s
             log.warning("budget lease failed", extra={"fields": {"tenant": tenant.id}})
@@ -263,6 +343,7 @@ class Accounting:
         finally:
             lease.refilling = False
         now = time.monotonic()
+        self._views[tenant.id] = _View(now, decision)
         if not decision.allowed:
             lease.retry_at = now + self.lease_s
             return
@@ -308,10 +389,38 @@ class Accounting:
             asyncio.ensure_future(self._refund(tenant.id, reserved))
 
     async def _refund(self, tenant_id: str, reserved: int) -> None:
+        """At once when the store answers (the next request may need the
+        room); otherwise queued with the other adjustments."""
         try:
-            await self.store.adjust_window(budget_key(tenant_id), {"requests": -1, "tokens": -reserved}, self.window_s)
+            await self.guard.call(lambda: self.store.adjust_window(budget_key(tenant_id), {"requests": -1, "tokens": -reserved}, self.window_s))
+        except StoreDown:
+            self._adjust_requests[tenant_id] -= 1
+            self._adjust[tenant_id] -= reserved
         except Exception:
             log.warning("budget refund failed", extra={"fields": {"tenant": tenant_id}})
+
+    async def _reconcile(self) -> dict:
+        """Pay what was admitted locally during the outage into the shared
+        window (the guard runs this after a successful probe, before the
+        breaker closes). Repeats until nothing is owed, since requests keep
+        being admitted locally while it runs; what fails is kept for the
+        next probe."""
+        tenants = requests = tokens = 0
+        while True:
+            owed = self.local.take()
+            if not owed:
+                return {"reconciled_tenants": tenants, "reconciled_requests": requests, "reconciled_tokens": tokens}
+            while owed:
+                tenant_id, deltas = next(iter(owed.items()))
+                try:
+                    await self.guard.bounded(lambda t=tenant_id, d=deltas: self.store.adjust_window(budget_key(t), d, self.window_s))
+                except BaseException:
+                    self.local.give_back(owed)
+                    raise
+                del owed[tenant_id]
+                tenants += 1
+                requests += deltas.get("requests", 0)
+                tokens += deltas.get("tokens", 0)
 
     # -- telemetry ----------------------------------------------------
     def record(self, tenant_id: str, replica: str, stats: RequestSpecStats) -> None:
@@ -321,33 +430,53 @@ class Accounting:
 
     # -- flushing -----------------------------------------------------
     async def flush_budgets(self) -> None:
+        """Send the summed adjustments; while the store is down they stay
+        here (and what a failing call did not send is put back)."""
         if self._leases:
             self.expire_leases()
-        if not self._adjust and not self._adjust_requests:
+        if (not self._adjust and not self._adjust_requests) or not self.guard.up:
             return
         pending, self._adjust = self._adjust, defaultdict(int)
         pending_r, self._adjust_requests = self._adjust_requests, defaultdict(int)
-        for tenant_id in set(pending) | set(pending_r):
+        tenants = list(set(pending) | set(pending_r))
+        for i, tenant_id in enumerate(tenants):
             deltas = {}
             if pending_r.get(tenant_id):
                 deltas["requests"] = pending_r[tenant_id]
             if pending.get(tenant_id):
                 deltas["tokens"] = pending[tenant_id]
-            if deltas:
-                await self.store.adjust_window(budget_key(tenant_id), deltas, self.window_s)
+            if not deltas:
+                continue
+            try:
+                await self.guard.call(lambda t=tenant_id, d=deltas: self.store.adjust_window(budget_key(t), d, self.window_s))
+            except StoreDown:
+                for rest in tenants[i:]:
+                    self._adjust_requests[rest] += pending_r.get(rest, 0)
+                    self._adjust[rest] += pending.get(rest, 0)
+                return
 
     async def flush_telemetry(self) -> None:
-        if not self._telemetry:
+        """Like `flush_budgets`: increments wait here while the store is down."""
+        if not self._telemetry or not self.guard.up:
             return
         pending, self._telemetry = self._telemetry, {}
-        for (tenant_id, replica), inc in pending.items():
-            await record_increments(self.store, tenant_id, replica, inc)
+        items = list(pending.items())
+        for i, ((tenant_id, replica), inc) in enumerate(items):
+            try:
+                await self.guard.call(lambda t=tenant_id, r=replica, i=inc: record_increments(self.store, t, r, i))
+            except StoreDown:
+                for key, rest in items[i:]:
+                    acc = self._telemetry.setdefault(key, {})
+                    for k, v in rest.items():
+                        acc[k] = acc.get(k, 0.0) + v
+                return
 
     async def flush(self) -> None:
         await self.flush_budgets()
         await self.flush_telemetry()
 
     def start(self) -> None:
+        self.guard.start()
         self._loops.start(
             every(self.flush_s, self.flush_budgets, log, "budget flush"),
             every(self.telemetry_flush_s, self.flush_telemetry, log, "telemetry flush"),
@@ -361,6 +490,7 @@ class Accounting:
                 pass
         self.expire_leases(all_=True)
         await self._loops.stop()
+        await self.guard.stop()
         try:
             await self.flush()
         except Exception:

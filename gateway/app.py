@@ -3,7 +3,9 @@
 `create_app(settings, store=None)` returns a FastAPI app whose two hot
 endpoints (`/v1/chat/completions`, `/v1/completions`) are dispatched as pure
 ASGI before Starlette's router and middleware stack; everything else
-(`/v1/models`, `/health`, `/metrics`) is ordinary FastAPI.
+(`/v1/models`, `/health`, `/ready`, `/metrics`, `/openapi.json`, `/docs`) is
+ordinary FastAPI (`routes.py`, which also documents the completion routes).
+`app.state.metrics_app` serves /metrics alone, for a separate listener.
 `app.state.gateway` is the `GatewayState` a host process reads
 (`.settings`, `.store`, `.registry`, `.policies`); the admin API is the
 controller's and is mounted by the composition (`specgate.node`).
@@ -13,12 +15,10 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import time
 
-from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi import FastAPI
 
-from contract.errors import error_payload, install_error_handlers
+from contract.errors import install_error_handlers
 from contract.policy import PolicySet
 from contract.settings import Settings, load_settings
 from contract.store import MemoryStore, Store, create_store
@@ -30,9 +30,11 @@ from .health import HealthMonitor
 from .inflight import InflightRequests
 from .logs import configure_logging
 from .metrics import GatewayMetrics
+from .metrics_exposure import MetricsApp
 from .policy_watch import PolicyView, PolicyWatcher
 from .proxy import CompletionEndpoint
 from .replicas import Registry
+from .routes import install_routes
 from .tracing import Tracing
 from .upstream import create_upstream
 
@@ -46,7 +48,7 @@ class GatewayState:
         self.store: Store | None = store
         self.registry = Registry.from_settings(settings)
         self.tenants = TenantDirectory(settings)
-        self.metrics = GatewayMetrics(settings.gateway.metrics_top_tenants)
+        self.metrics = GatewayMetrics(settings.gateway.metrics_top_tenants, settings.gateway.metrics_tenant_labels)
         self.tracing = Tracing(settings.gateway.tracing)
         self.policy_view = PolicyView({t.id: t.speculation for t in settings.tenants if t.speculation is not None})
         self.session_header = settings.gateway.session_header.lower().encode()
@@ -92,20 +94,29 @@ class GatewayState:
         s = self.settings.gateway
         if self.store is None:
             self.store = create_store(self.settings.redis_url, self.settings.redis_prefix)
-        self.upstream = create_upstream(s.upstream_client, s.upstream_pool_size, s.connect_timeout_s, s.first_byte_timeout_s, s.read_timeout_s)
+        self.upstream = create_upstream(s.upstream_client, s.upstream_pool_size, s.connect_timeout_s, s.read_timeout_s)
         # Leases save a Redis round trip; the embedded store has none to save.
         lease_fraction = 0.0 if isinstance(self.store, MemoryStore) else s.budget_lease_fraction
         self.accounting = Accounting(
-            self.store, s.budget_window_s, telemetry_flush_s=s.telemetry_flush_s, lease_fraction=lease_fraction, lease_s=s.budget_lease_s
+            self.store, s.budget_window_s, telemetry_flush_s=s.telemetry_flush_s, lease_fraction=lease_fraction, lease_s=s.budget_lease_s,
+            settings=s, metrics=self.metrics,
         )
         self.accounting.start()
         self.watcher = PolicyWatcher(self.store, self.policy_view, s.policy_poll_s, on_change=lambda p: self.metrics.policy_version.set(p.version))
         await self.watcher.start()
         if not self.settings.tenants and s.allow_anonymous:
             log.warning("no tenants configured: serving every caller as tenant 'anonymous' without a key")
-        self.health = HealthMonitor(self.registry, s)
+        self.health = HealthMonitor(self.registry, s, on_wedged=self._on_wedged)
         await self.health.start()
         self.started = True
+
+    def _on_wedged(self, replica, reason: str) -> None:
+        """A replica found wedged: what waits on it is aborted (the request
+        path fails those over that have sent no byte yet)."""
+        self.metrics.child(self.metrics.ejections, replica.name, reason.replace(" ", "_")).inc()
+        n = self.inflight_requests.abort("replica_wedged", replica)
+        if n:
+            log.warning("aborted requests waiting on a wedged replica", extra={"fields": {"replica": replica.name, "requests": n}})
 
     async def stop(self) -> None:
         for part in (self.health, self.watcher, self.accounting):
@@ -134,10 +145,6 @@ class GatewayApp(FastAPI):
         await super().__call__(scope, receive, send)
 
 
-def _openai_error(status: int, message: str, code: str | None = None) -> JSONResponse:
-    return JSONResponse(error_payload(status, message, code=code), status_code=status)
-
-
 def create_app(settings: Settings | None = None, store: Store | None = None) -> GatewayApp:
     settings = settings or load_settings()
     configure_logging(settings.log_level)
@@ -151,8 +158,16 @@ def create_app(settings: Settings | None = None, store: Store | None = None) -> 
         finally:
             await state.stop()
 
-    app = GatewayApp(title="specgate gateway", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app = GatewayApp(
+        title="specgate gateway",
+        summary="OpenAI-compatible gateway in front of vLLM replicas (tenant keys, budgets, speculation-aware routing)",
+        lifespan=lifespan,
+        docs_url="/docs" if settings.gateway.docs else None,
+        redoc_url=None,
+    )
     app.state.gateway = state
+    # /metrics for a listener of its own (`metrics_port`); the main app then answers 404 there.
+    app.state.metrics_app = MetricsApp(state)
     request_path: RequestPathState = state  # all the hot endpoints see of the state
     app.hot_routes = {
         "/v1/chat/completions": CompletionEndpoint(request_path, "chat"),
@@ -160,36 +175,5 @@ def create_app(settings: Settings | None = None, store: Store | None = None) -> 
     }
 
     install_error_handlers(app)
-
-    @app.get("/health")
-    async def health() -> JSONResponse:
-        healthy = [r.name for r in state.registry if r.healthy]
-        return JSONResponse(
-            {"status": "ok" if healthy else "degraded", "healthy_replicas": healthy, "policy_version": state.policies.version},
-            status_code=200,
-        )
-
-    @app.get("/ready")
-    async def ready() -> JSONResponse:
-        ok, body = state.readiness()
-        return JSONResponse(body, status_code=200 if ok else 503)
-
-    @app.get("/v1/models")
-    async def models(request: Request) -> JSONResponse:
-        auth = state.tenants.authenticate(request.headers.get("authorization", "").encode("latin-1") or None)
-        if auth.tenant is None:
-            return _openai_error(401, auth.error or "Unauthorized", code="invalid_api_key")
-        return JSONResponse({"object": "list", "data": state.registry.healthy_model_cards()})
-
-    @app.get("/metrics")
-    async def metrics() -> Response:
-        now = time.monotonic()
-        m = state.metrics
-        for r in state.registry:
-            m.replica_healthy.labels(r.name, r.profile or "unlabelled").set(1 if r.healthy else 0)
-            m.replica_inflight.labels(r.name).set(r.inflight)
-            m.replica_breaker_open.labels(r.name).set(0 if r.breaker.state(now) == "closed" else 1)
-        m.policy_version.set(state.policies.version)
-        return Response(m.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
-
+    install_routes(app, state, app.hot_routes)
     return app

@@ -1,8 +1,8 @@
 """Per-replica circuit breaker (closed -> open -> half-open -> closed).
 
-`failures` consecutive failed attempts open it for `open_s`; after that one
-probe request is let through (half-open): success closes it, failure re-opens
-it. Time is passed in so the state machine is testable without sleeping.
+`failures` consecutive failed attempts open it for `open_s`; after that, or
+as soon as an active health check succeeds, one probe request is let through
+(half-open): success closes it, failure re-opens it. Time is passed in so the state machine is testable without sleeping.
 """
 
 from __future__ import annotations
@@ -38,6 +38,16 @@ class CircuitBreaker:
         if self.state(now) == "half_open":
             self.probe_in_flight = True
             self.probe_started_at = now
+
+    def on_health_ok(self, now: float) -> None:
+        """An active health check answered: an open breaker half-opens at once
+        (one probe request may go), so a restarted replica takes traffic
+        within one health interval instead of after `open_s` (Envoy's
+        `successful_active_health_check_uneject_host`). Consecutive request
+        failures still open it again."""
+        if self.opened_at is not None and self.state(now) == "open":
+            self.opened_at = now - self.open_s
+            self.probe_in_flight = False
 
     def on_success(self) -> None:
         self.consecutive_failures = 0

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
+    from contract.policy import PolicySet
     from contract.settings import Settings
 
     from .accounting import Accounting
@@ -18,7 +19,7 @@ if TYPE_CHECKING:
     from .inflight import InflightRequests
     from .metrics import GatewayMetrics
     from .policy_watch import PolicyView
-    from .replicas import ReplicaState
+    from .replicas import Registry, ReplicaState
     from .tracing import Tracing
     from .upstream import Upstream
 
@@ -39,3 +40,15 @@ class RequestPathState(Protocol):
     def replica_list(self) -> list[ReplicaState]: ...
 
     def estimate_tokens(self, body: dict) -> int: ...
+
+
+class ServedState(RequestPathState, Protocol):
+    """What the gateway's other routes read (`routes.py`, `metrics_exposure.py`):
+    the request path's view plus the registry, the policy set and readiness."""
+
+    registry: Registry
+
+    @property
+    def policies(self) -> PolicySet: ...
+
+    def readiness(self) -> tuple[bool, dict]: ...

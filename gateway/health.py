@@ -1,14 +1,26 @@
 """Background replica checks: liveness (/health + /v1/models) with fail and
-success thresholds, and the process's one scrape of each replica's /metrics
-(`contract.vllm_metrics`): the snapshot feeds routing (load gauges, advertised
-knobs) and, in a single-node process, the embedded controller
-(`Registry.snapshots()`), so no replica is scraped twice by one process.
+success thresholds, the process's one scrape of each replica's /metrics
+(`contract.vllm_metrics`), and the wedge watchdog.
+
+The scrape feeds routing (load gauges, advertised knobs) and, in a
+single-node process, the embedded controller (`Registry.snapshots()`), so no
+replica is scraped twice by one process.
 
 A replica turns unhealthy after `health_fail_threshold` consecutive failed
 checks and healthy again after `health_success_threshold` consecutive good
-ones, so one slow probe neither drops a replica nor does one good probe
-re-admit a flapping one. The very first check admits on one success, so a
-gateway that starts next to running replicas serves immediately.
+ones. The very first check admits on one success, so a gateway that starts
+next to running replicas serves immediately. A good check also half-opens
+the replica's circuit breaker, so a restarted replica is probed at once.
+
+Wedges cost seconds, not minutes: a replica that leaves every probe
+unanswered for `wedge_after_s` (SIGSTOPped, deadlocked, its host gone
+silent), or whose token counters stand still while it reports running
+requests (an engine stuck behind a live API server), is taken out of
+rotation at once and the requests waiting on it are aborted
+(`InflightRequests.abort`): those that have not sent the client a byte fail
+over. It comes back when it answers again (or makes progress) and passes
+its health check. The last routable replica is never ejected this way:
+with nowhere else to go, waiting is the better answer.
 """
 
 from __future__ import annotations
@@ -16,23 +28,40 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from typing import Callable
 
 import httpx
 
 from contract.settings import GatewaySettings as Settings
-from contract.vllm_metrics import fetch_metrics
+from contract.vllm_metrics import VllmMetricsSnapshot, fetch_metrics
 
 from .periodic import Loops, every
 from .replicas import Registry, ReplicaState
 
 log = logging.getLogger("specgate.gateway.health")
 
+OnWedged = Callable[[ReplicaState, str], None]
+
+
+def _probe_started(replica: ReplicaState, now: float) -> None:
+    if replica.unanswered_since is None:
+        replica.unanswered_since = now
+
+
+def _answered(replica: ReplicaState) -> None:
+    replica.unanswered_since = None
+    if replica.wedged == "no answer":
+        replica.wedged = None
+        log.info("replica answers again", extra={"fields": {"replica": replica.name}})
+
 
 async def check_replica(client: httpx.AsyncClient, replica: ReplicaState, settings: Settings, *, first: bool = False) -> None:
     ok = False
     error = None
+    _probe_started(replica, time.monotonic())
     try:
         health = await client.get(replica.url + "/health", timeout=settings.health_timeout_s)
+        _answered(replica)
         if health.status_code != 200:
             raise RuntimeError(f"/health answered {health.status_code}")
         models = await client.get(replica.url + "/v1/models", timeout=settings.health_timeout_s)
@@ -48,11 +77,14 @@ async def check_replica(client: httpx.AsyncClient, replica: ReplicaState, settin
         ok = True
     except (httpx.HTTPError, RuntimeError, ValueError) as exc:
         error = f"{type(exc).__name__}: {exc}"[:300]
-    replica.last_check = time.monotonic()
+    replica.last_check = now = time.monotonic()
     if ok:
         replica.consecutive_ok += 1
         replica.consecutive_fail = 0
         replica.last_error = None
+        replica.breaker.on_health_ok(now)
+        if replica.wedged is not None:
+            return  # answers, but stays out until it makes progress again
         if not replica.healthy and (first or replica.consecutive_ok >= settings.health_success_threshold):
             replica.healthy = True
             log.info("replica healthy", extra={"fields": {"replica": replica.name}})
@@ -66,13 +98,53 @@ async def check_replica(client: httpx.AsyncClient, replica: ReplicaState, settin
 
 
 async def scrape_metrics(client: httpx.AsyncClient, replica: ReplicaState, settings: Settings) -> None:
-    replica.observe_metrics(await fetch_metrics(client, replica.url, settings.health_timeout_s), time.monotonic())
+    _probe_started(replica, time.monotonic())
+    snap = await fetch_metrics(client, replica.url, settings.health_timeout_s)
+    now = time.monotonic()
+    if snap is not None:
+        _answered(replica)
+        note_progress(replica, snap, now)
+    replica.observe_metrics(snap, now)
+
+
+def note_progress(replica: ReplicaState, snap: VllmMetricsSnapshot, now: float) -> None:
+    """Track whether the engine moves: any prompt or generated token, or any
+    engine step, is progress; so is having nothing to run."""
+    parts = (snap.generation_tokens, snap.prompt_tokens, snap.iteration_tokens_count)
+    if all(p is None for p in parts):
+        return  # nothing to judge progress by
+    mark = sum(p or 0.0 for p in parts)
+    moved = replica.progress_mark is None or mark != replica.progress_mark
+    replica.progress_mark = mark
+    if moved or snap.num_requests_running <= 0:
+        replica.frozen_since = None
+        if replica.wedged == "no progress":
+            replica.wedged = None
+            log.info("replica makes progress again", extra={"fields": {"replica": replica.name}})
+    elif replica.frozen_since is None:
+        replica.frozen_since = now
+
+
+def wedge_reason(replica: ReplicaState, now: float, wedge_after_s: float, progress_after_s: float) -> str | None:
+    """Why a routable replica should be ejected now (None: it should not). Pure."""
+    if replica.unanswered_since is not None and now - replica.unanswered_since >= wedge_after_s:
+        return "no answer"
+    if replica.frozen_since is not None and now - replica.frozen_since >= progress_after_s:
+        return "no progress"
+    return None
+
+
+def _has_stand_in(replica: ReplicaState, replicas: list[ReplicaState]) -> bool:
+    """Another healthy replica serves one of this replica's models."""
+    models = replica.models | ({replica.configured_model} if replica.configured_model else set())
+    return any(o is not replica and o.healthy and any(o.serves(m) for m in models) for o in replicas)
 
 
 class HealthMonitor:
-    def __init__(self, registry: Registry, settings: Settings) -> None:
+    def __init__(self, registry: Registry, settings: Settings, on_wedged: OnWedged | None = None) -> None:
         self.registry = registry
         self.settings = settings
+        self.on_wedged = on_wedged
         self._client = httpx.AsyncClient(timeout=settings.health_timeout_s)
         self._loops = Loops()
 
@@ -83,9 +155,11 @@ class HealthMonitor:
 
     async def start(self) -> None:
         await self.check_all(first=True)
+        s = self.settings
         self._loops.start(
-            every(self.settings.health_interval_s, self._health_round, log, "health round"),
-            every(self.settings.metrics_interval_s, self._metrics_round, log, "metrics round"),
+            every(s.health_interval_s, self._health_round, log, "health round"),
+            every(s.metrics_interval_s, self._metrics_round, log, "metrics round"),
+            every(min(0.5, s.wedge_after_s / 4), self._watch, log, "wedge watchdog"),
         )
 
     async def _health_round(self) -> None:
@@ -93,6 +167,35 @@ class HealthMonitor:
 
     async def _metrics_round(self) -> None:
         await asyncio.gather(*(scrape_metrics(self._client, r, self.settings) for r in list(self.registry)))
+
+    async def _watch(self) -> None:
+        self.watch(time.monotonic())
+
+    def watch(self, now: float) -> list[ReplicaState]:
+        """Eject the replicas that are wedged now; returns them."""
+        s = self.settings
+        # Counters move only as often as they are scraped: judge progress over
+        # at least three scrapes.
+        progress_after = max(s.wedge_after_s, 3 * s.metrics_interval_s)
+        replicas = list(self.registry)
+        ejected = []
+        for r in replicas:
+            if not r.healthy or r.wedged is not None:
+                continue
+            reason = wedge_reason(r, now, s.wedge_after_s, progress_after)
+            if reason is None:
+                continue
+            if not _has_stand_in(r, replicas):
+                continue  # the last routable replica of its models: nowhere better to send its clients
+            r.wedged = reason
+            r.healthy = False
+            r.consecutive_ok = 0
+            r.last_error = f"wedged: {reason} for {s.wedge_after_s:g}s+"
+            log.warning("replica wedged: out of rotation", extra={"fields": {"replica": r.name, "reason": reason}})
+            ejected.append(r)
+            if self.on_wedged is not None:
+                self.on_wedged(r, reason)
+        return ejected
 
     async def stop(self) -> None:
         await self._loops.stop()

@@ -3,7 +3,8 @@
 Each app gets its own CollectorRegistry so several gateway apps can live in
 one process (tests, embedded stacks) without clashing. Tenant labels are
 bounded: the first `top_n` tenants seen get their own label value, the rest
-are reported as `other`. Label children are cached because `.labels()` is a
+are reported as `other` (all of them with `tenant_labels=False`, so a scrape
+names no tenant). Label children are cached because `.labels()` is a
 measurable share of the per-request budget.
 """
 
@@ -17,9 +18,9 @@ _AL_BUCKETS = (1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 3.5, 4.0, 5.0, 6.0, 8.0, 12.
 
 
 class GatewayMetrics:
-    def __init__(self, top_n: int = 20) -> None:
+    def __init__(self, top_n: int = 20, tenant_labels: bool = True) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
-        self.top_n = top_n
+        self.top_n = top_n if tenant_labels else 0  # 0: every tenant is `other`
         self._tenants: set[str] = set()
         r = self.registry
         self.requests = Counter(
@@ -70,8 +71,23 @@ class GatewayMetrics:
             "specgate_requests_aborted", "Requests the gateway ended itself, by reason and outcome", ["reason", "outcome"], registry=r
         )
         self._children: dict[tuple, object] = {}
+        # -- budget store health (gateway.budget_guard) --
+        self.budget_store_up = Gauge("specgate_budget_store_up", "1 while the budget store answers budget calls", registry=r)
+        self.budget_store_up.set(1)
+        self.gateway_instances = Gauge(
+            "specgate_gateway_instances", "Live gateway instances seen in the store's heartbeats (sizes the local budget share)", registry=r
+        )
+        self.budget_store_down_decisions = Counter(
+            "specgate_budget_store_down_decisions",
+            "Budget decisions taken while the budget store was down, by budget_failure_mode and outcome",
+            ["mode", "outcome"],
+            registry=r,
+        )
 
     def tenant_label(self, tenant: str) -> str:
+        """The tenant's label value: its id for the first `top_n` tenants seen,
+        else `other` (always `other` with `metrics_tenant_labels: false`, so a
+        scrape exposes no tenant ids)."""
         if tenant in self._tenants:
             return tenant
         if len(self._tenants) < self.top_n:

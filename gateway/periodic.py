@@ -15,13 +15,25 @@ from typing import Awaitable, Callable
 
 async def every(interval_s: float, body: Callable[[], Awaitable[None]], log: logging.Logger, what: str) -> None:
     """Run `body` every `interval_s` seconds (after the first wait) until cancelled;
-    a failing round is logged and the loop goes on."""
+    a failing round is logged and the loop goes on. Logged once per change of
+    state, not once per round: an outage of the store (a policy poll every
+    second) is one line when it starts, with the traceback, and one when it
+    ends -- not a screenful per minute."""
+    failures = 0
     while True:
         await asyncio.sleep(interval_s)
         try:
             await body()
-        except Exception:  # noqa: BLE001 - see docstring
-            log.exception("%s failed", what)
+        except Exception as exc:  # noqa: BLE001 - see docstring
+            failures += 1
+            if failures == 1:
+                log.exception("%s failed (further failures are not logged until it recovers)", what)
+            else:
+                log.debug("%s failed again: %s", what, type(exc).__name__)
+            continue
+        if failures:
+            log.warning("%s recovered after %d failed rounds", what, failures)
+            failures = 0
 
 
 class Loops:

@@ -66,14 +66,20 @@ class PolicyWatcher:
             await self.refresh()
 
     async def _subscribe(self) -> None:
+        dropped = 0  # consecutive drops: logged when it starts, not on every retry
         while True:
             try:
                 async for _ in self.store.subscribe(POLICIES_CHANNEL):
+                    if dropped:
+                        log.warning("policy subscription restored", extra={"fields": {"retries": dropped}})
+                        dropped = 0
                     await self.refresh()
             except asyncio.CancelledError:
                 raise
-            except Exception:
-                log.warning("policy subscription dropped; retrying", exc_info=True)
+            except Exception as exc:
+                dropped += 1
+                if dropped == 1:
+                    log.warning("policy subscription dropped; retrying", extra={"fields": {"error": type(exc).__name__}})
             await asyncio.sleep(self.poll_s)
 
     async def start(self) -> None:

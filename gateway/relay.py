@@ -29,19 +29,25 @@ _perf = time.perf_counter
 
 
 class Inflight:
-    """`with Inflight(replica):` one upstream attempt counts in the replica's
-    load from before its request is sent until its response is done with."""
+    """`with Inflight(replica, ctx):` one upstream attempt counts in the
+    replica's load from before its request is sent until its response is done
+    with, and is the request's current attempt (what a wedge abort targets)."""
 
-    __slots__ = ("replica",)
+    __slots__ = ("replica", "ctx")
 
-    def __init__(self, replica) -> None:
+    def __init__(self, replica, ctx: RequestContext | None = None) -> None:
         self.replica = replica
+        self.ctx = ctx
 
     def __enter__(self) -> None:
         self.replica.inflight += 1
+        if self.ctx is not None:
+            self.ctx.attempt = self.replica
 
     def __exit__(self, *exc) -> None:
         self.replica.inflight -= 1
+        if self.ctx is not None:
+            self.ctx.attempt = None
 
 
 class UpstreamBodies:
@@ -102,93 +108,131 @@ async def relay(state: RequestPathState, ctx: RequestContext, ranked: list, send
 
 
 async def _attempts(state: RequestPathState, ctx: RequestContext, ranked: list, bodies: UpstreamBodies, headers, send, span) -> None:
-    """Try replicas in rank order; fail over on connect errors and 5xx before
-    the first byte; relay the first other response."""
+    """Try replicas in rank order and relay the first response that is not a
+    failure. Until the client has been sent a byte a request is idempotent, so
+    every failure before then fails over: connect errors, 5xx, a timeout, a
+    non-streaming body that breaks, a replica found wedged while we wait on
+    it. A replica that timed out or wedged is not tried twice."""
     g = state.settings.gateway
-    metrics = state.metrics
     post = state.upstream.post
+    headers_timeout = g.first_byte_timeout_s if ctx.stream else g.response_timeout_s
     last_5xx = None
-    last_error = "no replica could be reached"
+    timed_out = False
+    stuck: list = []  # replicas that timed out or wedged on this request
     n = len(ranked)
     for attempt in range(g.max_attempts):
         replica = ranked[attempt % n]
         now = time.monotonic()
         if attempt:
-            if not replica.breaker.allows(now):
+            if not replica.breaker.allows(now) or not replica.healthy or replica in stuck:
                 continue
             backoff = min(g.retry_backoff_max_s, g.retry_backoff_base_s * (2 ** (attempt - 1)))
             await asyncio.sleep(backoff * random.uniform(0.5, 1.0))
         replica.breaker.on_attempt(now)
         body = bodies.for_replica(replica)
-        with Inflight(replica):
+        with Inflight(replica, ctx):
             t_up = _perf()
+            data = b""
             try:
-                resp = await post(replica.url + ctx.path, body, headers)
-            except UpstreamConnectError as exc:
-                _failed(state, replica, "connect_error")
-                last_error = f"replica {replica.name} unreachable: {exc}"
+                resp = await post(replica.url + ctx.path, body, headers, headers_timeout)
+                if not (ctx.stream and resp.status == 200):
+                    data = await _read_whole(resp)  # a whole response, an error body
+            except (UpstreamConnectError, UpstreamBroken) as exc:
+                _failed(state, ctx, replica, "connect_error" if isinstance(exc, UpstreamConnectError) else "broken", exc)
                 continue
             except UpstreamTimeout:
-                _failed(state, replica, "timeout")
-                raise GatewayError(504, f"Replica {replica.name} did not answer within {g.first_byte_timeout_s}s.", code="upstream_timeout") from None
+                _failed(state, ctx, replica, "timeout")
+                stuck.append(replica)
+                timed_out = True
+                continue
+            except asyncio.CancelledError:
+                if not _take_abort(ctx, "replica_wedged"):
+                    _shutdown_check(ctx)
+                    raise
+                _failed(state, ctx, replica, "wedged")
+                stuck.append(replica)
+                continue
             if resp.status >= 500:
-                data = await _drain(resp)
-                _failed(state, replica, f"http_{resp.status}")
+                _failed(state, ctx, replica, f"http_{resp.status}")
                 last_5xx = (resp.status, data)
                 continue
-            replica.breaker.on_success()
-            metrics.child(metrics.attempts, replica.name, "ok").inc()
-            ctx.replica = replica
             ctx.t_upstream = t_up
-            ctx.status = resp.status
-            if span is not None:
-                span.set_attribute("specgate.replica", replica.name)
+            _answered(state, ctx, replica, span)
             if ctx.stream and resp.status == 200:
                 await _relay_stream(state, ctx, resp, send, bodies.strip_usage)
             else:
-                await _relay_whole(state, ctx, resp, send)
+                await _send_whole(state, ctx, resp, data, send)
             return
     if last_5xx is not None:
         status, data = last_5xx
         if data.startswith(b"{"):
             raise GatewayError(status, "", raw_body=data)  # the replica's own OpenAI-shaped error
-        raise GatewayError(502, f"Replica answered {status}.", code="upstream_error")
-    raise GatewayError(503, last_error, code="no_healthy_replica")
+        raise GatewayError(502, f"The model replica answered {status}.", code="upstream_error")
+    if timed_out:
+        raise GatewayError(504, "No replica answered in time; retry shortly.", code="upstream_timeout")
+    raise GatewayError(503, f"No healthy replica could serve model `{ctx.model}`; retry shortly.", code="no_healthy_replica", headers=[_RETRY_1])
 
 
-def _failed(state: RequestPathState, replica, outcome: str) -> None:
+_RETRY_1 = (b"retry-after", b"1")
+
+
+def _answered(state: RequestPathState, ctx: RequestContext, replica, span) -> None:
+    replica.breaker.on_success()
+    metrics = state.metrics
+    metrics.child(metrics.attempts, replica.name, "ok").inc()
+    ctx.replica = replica
+    if span is not None:
+        span.set_attribute("specgate.replica", replica.name)
+
+
+def _take_abort(ctx: RequestContext, reason: str) -> bool:
+    """Whether the cancellation being handled is the gateway's own `abort`
+    with `reason` (not the client leaving, not a shutdown); if so it is
+    consumed: the task is uncancelled and may go on (fail over)."""
+    if ctx.abort_reason != reason or ctx.client_gone:
+        return False
+    ctx.abort_reason = None
+    asyncio.current_task().uncancel()
+    return True
+
+
+def _shutdown_check(ctx: RequestContext) -> None:
+    """A request the drain deadline ends before any byte was sent gets a 503
+    to retry elsewhere (not a cut connection)."""
+    if ctx.abort_reason == "shutdown" and not ctx.client_gone:
+        asyncio.current_task().uncancel()
+        raise GatewayError(503, "The gateway is shutting down; retry the request.", code="shutting_down", headers=[_RETRY_1])
+
+
+def _failed(state: RequestPathState, ctx: RequestContext, replica, outcome: str, exc: BaseException | None = None) -> None:
     replica.breaker.on_failure(time.monotonic())
     state.metrics.child(state.metrics.attempts, replica.name, outcome).inc()
+    # The detail goes to the log (with the request id), never to the client.
+    log.info(
+        "upstream attempt failed",
+        extra={"fields": {"request_id": ctx.request_id, "replica": replica.name, "outcome": outcome, "error": str(exc)[:200] if exc else None}},
+    )
 
 
-async def _drain(resp) -> bytes:
-    """A 5xx response's body (kept in case every attempt fails)."""
+async def _read_whole(resp) -> bytes:
     try:
         data = await resp.read()
-        resp.release()
-    except (UpstreamBroken, UpstreamTimeout):
-        resp.abort()
-        data = b""
-    except BaseException:  # client gone while reading the error body
-        resp.abort()
-        raise
-    return data
-
-
-async def _relay_whole(state: RequestPathState, ctx: RequestContext, resp, send) -> None:
-    replica = ctx.replica
-    try:
-        data = await resp.read()
-    except UpstreamTimeout:
-        resp.abort()
-        raise GatewayError(504, f"Replica {replica.name} stopped answering.", code="upstream_timeout") from None
-    except UpstreamBroken as exc:
-        resp.abort()
-        raise GatewayError(502, f"Replica {replica.name} broke the connection: {exc}", code="upstream_error") from None
     except BaseException:
         resp.abort()
         raise
     resp.release()
+    return data
+
+
+def _extra_headers(ctx: RequestContext) -> list[tuple[bytes, bytes]]:
+    extra = [(b"x-request-id", ctx.request_id.encode())]
+    if ctx.response_headers:
+        extra += ctx.response_headers
+    return extra
+
+
+async def _send_whole(state: RequestPathState, ctx: RequestContext, resp, data: bytes, send) -> None:
+    replica = ctx.replica
     t_up = ctx.t_upstream
     t_done = _perf()
     overhead = (t_up - ctx.t0) + (_perf() - t_done)
@@ -197,6 +241,9 @@ async def _relay_whole(state: RequestPathState, ctx: RequestContext, resp, send)
         (b"x-specgate-replica", replica.name.encode()),
         (b"x-specgate-overhead-ms", f"{overhead * 1000:.3f}".encode()),
     ]
+    headers += _extra_headers(ctx)
+    ctx.status = resp.status
+    ctx.response_started = True
     await send({"type": "http.response.start", "status": resp.status, "headers": headers})
     await send({"type": "http.response.body", "body": data})
     # Everything below runs after the response is out (usage parsing,
@@ -214,7 +261,21 @@ async def _relay_whole(state: RequestPathState, ctx: RequestContext, resp, send)
             pass
 
 
+_DONE = b"data: [DONE]\n\n"
+# What a client reads when its stream cannot go on; the detail is in the
+# gateway's log under the request id.
+_STREAM_ENDS = {
+    "broken": ("The model replica serving this stream failed mid-stream; retry the request.", "upstream_error", 502),
+    "replica_wedged": ("The model replica serving this stream stopped making progress; retry the request.", "upstream_timeout", 504),
+    "shutdown": ("The gateway is shutting down; retry the request.", "shutting_down", 503),
+}
+
+
 async def _relay_stream(state: RequestPathState, ctx: RequestContext, resp, send, strip_usage: bool) -> None:
+    """Relay a stream as its events arrive. A stream that cannot go on (the
+    replica broke it, went silent past `read_timeout_s`, was found wedged, or
+    the drain deadline came) ends with an SSE error event and `[DONE]`, never
+    a silent cut."""
     replica = ctx.replica
     metrics = state.metrics
     tap = StreamTap(strip_usage)
@@ -225,9 +286,13 @@ async def _relay_stream(state: RequestPathState, ctx: RequestContext, resp, send
         (b"x-specgate-replica", replica.name.encode()),
         (b"x-specgate-overhead-ms", f"{overhead_pre * 1000:.3f}".encode()),
     ]
+    headers += _extra_headers(ctx)
     status = 200
     first = True
     t_first = None
+    ended = None
+    ctx.status = 200
+    ctx.response_started = True
     await send({"type": "http.response.start", "status": 200, "headers": headers})
     try:
         async for data in resp.chunks():
@@ -252,12 +317,34 @@ async def _relay_stream(state: RequestPathState, ctx: RequestContext, resp, send
         resp.release()
     except (UpstreamBroken, UpstreamTimeout) as exc:
         resp.abort()
-        status = 502
         replica.breaker.on_failure(time.monotonic())
-        log.warning("upstream stream broke", extra={"fields": {"replica": replica.name, "error": type(exc).__name__}})
-        await send({"type": "http.response.body", "body": error_event(f"Replica {replica.name} failed mid-stream: {exc}"), "more_body": True})
+        ended = "broken"
+        log.warning(
+            "upstream stream broke",
+            extra={"fields": {"request_id": ctx.request_id, "replica": replica.name, "error": f"{type(exc).__name__}: {exc}"[:200]}},
+        )
+    except asyncio.CancelledError:
+        resp.abort()
+        reason = ctx.abort_reason
+        if reason is None or ctx.client_gone or tap.saw_done:
+            raise
+        asyncio.current_task().uncancel()
+        ended = reason if reason in _STREAM_ENDS else "broken"
+        metrics.child(metrics.aborted, ended, "error_event").inc()
     except BaseException:
         resp.abort()
         raise
+    if ended is not None and not tap.saw_done:
+        message, code, status = _STREAM_ENDS[ended]
+        body = error_event(f"{message} (request id {ctx.request_id})", code) + _DONE
+        await send({"type": "http.response.body", "body": body, "more_body": True})
     await send({"type": "http.response.body", "body": b""})
     ctx.usage, ctx.spec_metrics, ctx.status = tap.usage, tap.metrics, status
+
+
+async def end_stream_with_error(ctx: RequestContext, send, message: str, code: str) -> None:
+    """In-band end of a stream whose headers are out (used by the settle
+    stage for failures outside the relay loop)."""
+    body = error_event(f"{message} (request id {ctx.request_id})", code) + _DONE
+    await send({"type": "http.response.body", "body": body, "more_body": True})
+    await send({"type": "http.response.body", "body": b""})

@@ -43,6 +43,14 @@ class ReplicaState:
     snapshot: VllmMetricsSnapshot | None = None
     snapshot_at: float = 0.0
     breaker: CircuitBreaker = field(default_factory=CircuitBreaker)
+    # Wedge detection (health.Watchdog): since when a probe (/health,
+    # /v1/models or /metrics) has gone unanswered (None: the last one
+    # answered); since when the token counters have stood still while the
+    # replica reported running requests; why it is out of rotation, if wedged.
+    unanswered_since: float | None = None
+    frozen_since: float | None = None
+    progress_mark: float | None = None
+    wedged: str | None = None
 
     @property
     def supports_knobs(self) -> bool:
@@ -90,6 +98,7 @@ class ReplicaState:
             "kv_cache_usage": self.kv_usage,
             "ext_knobs": sorted(self.ext_knobs),
             "last_error": self.last_error,
+            "wedged": self.wedged,
         }
 
 
@@ -120,6 +129,9 @@ class Registry:
         return {r.name: (r.snapshot_at, r.snapshot) for r in self.replicas.values() if r.snapshot_at}
 
     def known_models(self) -> set[str]:
+        """Every model any replica was configured with or listed when last
+        reached, healthy or not (what `/v1/models` lists and what answers 503,
+        not 404, while its replicas are down)."""
         out: set[str] = set()
         for r in self.replicas.values():
             out |= r.models
@@ -127,12 +139,17 @@ class Registry:
                 out.add(r.configured_model)
         return out
 
-    def healthy_model_cards(self) -> list[dict[str, Any]]:
-        """The union of /v1/models entries over healthy replicas (first card per id wins)."""
+    def model_cards(self) -> list[dict[str, Any]]:
+        """/v1/models entries: the healthy replicas' cards first (first card
+        per id wins), then those of replicas that are down: the cards they
+        listed when last reached, and their configured `model`. Why down
+        replicas count: their models are not gone, only unavailable for a
+        moment (a request gets a retryable 503 `no_healthy_replica`), and a
+        model list that flaps with every replica restart breaks clients that
+        pick a model from it."""
         seen: dict[str, dict[str, Any]] = {}
-        for r in self.replicas.values():
-            if not r.healthy:
-                continue
+        replicas = sorted(self.replicas.values(), key=lambda r: not r.healthy)  # stable: config order within each group
+        for r in replicas:
             for card in r.model_cards:
                 seen.setdefault(card.get("id"), card)
             if r.configured_model and r.configured_model not in seen:

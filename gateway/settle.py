@@ -19,6 +19,7 @@ from contract.telemetry import RequestSpecStats
 from .asgi_io import ClientGone, send_error
 from .deps import RequestPathState
 from .errors import GatewayError
+from .relay import end_stream_with_error
 from .request_context import RequestContext
 
 log = logging.getLogger("specgate.gateway.proxy")
@@ -64,20 +65,38 @@ async def on_error(state: RequestPathState, ctx: RequestContext, exc: BaseExcept
         ctx.status = exc.status
         if ctx.reserved_live and exc.status in _REFUNDED:
             state.accounting.refund_request(ctx.tenant, ctx.reserved)
-        await _try_send_error(send, exc)
+        await _try_send_error(send, ctx, exc)
     elif isinstance(exc, ClientGone):
         _client_left(state, ctx)
     elif isinstance(exc, asyncio.CancelledError):
-        if not ctx.client_gone:
-            return False  # cancelled from outside (shutdown): propagate
-        # Our watcher cancelled us: the client went away. The upstream
-        # response was closed by the relay's cleanup.
-        _client_left(state, ctx)
+        if ctx.client_gone:
+            # Our watcher cancelled us: the client went away. The upstream
+            # response was closed by the relay's cleanup.
+            _client_left(state, ctx)
+        elif ctx.abort_reason is not None:
+            # The gateway ended the request itself (drain deadline) outside
+            # the relay's own handling: the client still gets an answer.
+            ctx.status = 503
+            if ctx.reserved_live and not ctx.response_started:
+                state.accounting.refund_request(ctx.tenant, ctx.reserved)
+            state.metrics.child(state.metrics.aborted, ctx.abort_reason, "error_response").inc()
+            message = (
+                "The gateway is shutting down; retry the request."
+                if ctx.abort_reason == "shutdown"
+                else "The model replica stopped making progress; retry the request."
+            )
+            await _try_send_error(send, ctx, GatewayError(503, message, code="shutting_down" if ctx.abort_reason == "shutdown" else "no_healthy_replica", headers=[(b"retry-after", b"1")]))
+        else:
+            return False  # cancelled from outside (server shutdown): propagate
         asyncio.current_task().uncancel()
     elif isinstance(exc, Exception):
-        log.exception("unexpected error in request path", exc_info=exc, extra={"fields": {"tenant": ctx.tenant.id if ctx.tenant else None}})
+        log.exception(
+            "unexpected error in request path",
+            exc_info=exc,
+            extra={"fields": {"request_id": ctx.request_id, "tenant": ctx.tenant.id if ctx.tenant else None}},
+        )
         ctx.status = 500
-        await _try_send_error(send, GatewayError(500, "Internal gateway error."))
+        await _try_send_error(send, ctx, GatewayError(500, "Internal gateway error."))
     else:
         return False
     return True
@@ -95,9 +114,16 @@ def _client_left(state: RequestPathState, ctx: RequestContext) -> None:
         ctx.status = 499
 
 
-async def _try_send_error(send, err: GatewayError) -> None:
+async def _try_send_error(send, ctx: RequestContext, err: GatewayError) -> None:
+    """The error as a response, or in-band (an SSE error event and [DONE])
+    when the response is already under way; the message carries the request
+    id, which the gateway's log lines carry too."""
     try:
-        await send_error(send, err)
+        if ctx.response_started:
+            if ctx.stream:
+                await end_stream_with_error(ctx, send, err.message or "The request failed.", err.code or "upstream_error")
+            return
+        await send_error(send, err, [(b"x-request-id", ctx.request_id.encode())] if ctx.request_id else None)
     except Exception:
         pass
 

@@ -4,13 +4,15 @@ Each takes the gateway's state and the request's `RequestContext`, fills in
 its part of the context, and fails with a `GatewayError` carrying the
 OpenAI-shaped error the client gets:
 auth (401) -> body size (413) -> JSON and shape (400) -> specgate knobs (400)
--> model (404) -> budget store (503) / budget (429 + Retry-After)
+-> model (404, or 503 while its replicas are down) -> budget store (503) /
+budget (429 + Retry-After)
 -> routing (503).
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import time
 from typing import Any
 
@@ -20,8 +22,10 @@ from redis.exceptions import RedisError
 from contract.knobs import KnobError, validate_client_xargs
 
 from .asgi_io import read_body
+from .budget_guard import StoreDown
 from .deps import RequestPathState
 from .errors import GatewayError
+from .ratelimit_headers import ratelimit_headers
 from .request_context import RequestContext
 from .routing import RouteRequest, affinity_key, rank_replicas
 
@@ -47,16 +51,37 @@ def authenticate(state: RequestPathState, ctx: RequestContext) -> None:
 
 # -- parse ---------------------------------------------------------------
 async def parse(state: RequestPathState, ctx: RequestContext, receive) -> None:
-    """Body (413, 400), specgate knobs (400), then whether any replica serves
-    the model (404)."""
+    """Body (413, 400), specgate knobs (400), then whether a healthy replica
+    serves the model (404 / 503, see `model_unavailable`)."""
     raw = await read_body(receive, state.settings.gateway.max_body_bytes, ctx.content_length)
     body = ctx.body = parse_body(raw, ctx.endpoint)
     model = ctx.model = body["model"]
     ctx.stream = body.get("stream") is True
     ctx.client_xargs = client_knobs(body)
     replicas = ctx.replicas = state.replica_list
-    if not any(r.serves(model) for r in replicas):
-        raise GatewayError(404, f"The model `{model}` does not exist.", param="model", code="model_not_found")
+    if not any(r.healthy and r.serves(model) for r in replicas):
+        raise model_unavailable(model, replicas, state.settings.gateway.health_interval_s)
+
+
+def model_unavailable(model: str, replicas: list, retry_s: float) -> GatewayError:
+    """Why no healthy replica serves `model`. 404 only when the gateway can
+    tell the model does not exist: some replica is healthy and no replica,
+    up or down, serves or ever listed it. A model whose replicas are all down
+    is a 503 (retryable: they may be back within a health interval), and so
+    is any model while no replica is healthy at all, since the gateway cannot
+    know the model list then. Checked before admission so an outage neither
+    costs a budget round trip nor hides behind a 429."""
+    retry = [(b"retry-after", str(max(1, math.ceil(retry_s))).encode())]
+    if any(r.serves(model) for r in replicas):
+        return GatewayError(503, f"No healthy replica is available for model `{model}`.", code="no_healthy_replica", headers=retry)
+    if not any(r.healthy for r in replicas):
+        return GatewayError(
+            503,
+            f"No replica is healthy, so the gateway cannot tell whether model `{model}` exists; retry shortly.",
+            code="no_healthy_replica",
+            headers=retry,
+        )
+    return GatewayError(404, f"The model `{model}` does not exist.", param="model", code="model_not_found")
 
 
 def parse_body(raw: bytes, kind: str) -> dict[str, Any]:
@@ -95,17 +120,26 @@ def client_knobs(body: dict[str, Any]) -> dict[str, Any] | None:
 
 # -- admit ---------------------------------------------------------------
 async def admit(state: RequestPathState, ctx: RequestContext) -> None:
-    """Reserve one request and a token estimate from the tenant's budget."""
+    """Reserve one request and a token estimate from the tenant's budget.
+
+    The decision's view of the window becomes the `x-ratelimit-*` headers,
+    on the response when admitted (`ctx.response_headers`) and on the 429
+    when not. While the budget store is down the accounting decides by
+    `budget_failure_mode`: under `deny` it raises `StoreDown` (503 here, with
+    the breaker's Retry-After); under `allow` it returns no decision, like an
+    unlimited tenant; under `local` the decision is this instance's."""
     tenant = ctx.tenant
     estimate = state.estimate_tokens(ctx.body)
     try:
         decision, ctx.reserved = await state.accounting.reserve(tenant, estimate)
-    except (OSError, ConnectionError, RedisError) as exc:
-        # Fail closed: without the shared store the budget cannot be enforced.
-        log.warning("budget store unavailable", extra={"fields": {"error": type(exc).__name__}})
-        raise GatewayError(503, "Budget store unavailable; retry shortly.", code="state_store_unavailable") from None
-    if decision is None:  # unlimited tenant
+    except StoreDown as down:
+        raise store_unavailable(down.retry_after_s) from None
+    except (OSError, ConnectionError, RedisError):
+        raise store_unavailable(1.0) from None
+    if decision is None:  # unlimited tenant, or unmetered while the store is down
         return
+    rpm, tpm = tenant.requests_per_minute, tenant.tokens_per_minute
+    headers = ratelimit_headers(decision, {"requests": rpm, "tokens": tpm}, {"requests": 1, "tokens": min(estimate, tpm)})
     if not decision.allowed:
         metrics = state.metrics
         limit = "tokens" if decision.denied_field == "tokens" else "requests"
@@ -115,9 +149,19 @@ async def admit(state: RequestPathState, ctx: RequestContext) -> None:
             429,
             f"Rate limit reached for tenant '{tenant.id}' on {limit} per minute. Retry after {retry}s.",
             code=f"rate_limit_{limit}",
-            headers=[(b"retry-after", retry.encode())],
+            headers=[(b"retry-after", retry.encode()), *headers],
         )
     ctx.reserved_live = True
+    if headers:
+        ctx.response_headers = headers
+
+
+def store_unavailable(retry_after_s: float) -> GatewayError:
+    """503 for a budgeted request the store cannot decide (`deny` mode)."""
+    retry = str(max(1, math.ceil(retry_after_s)))
+    return GatewayError(
+        503, "Budget store unavailable; retry shortly.", code="state_store_unavailable", headers=[(b"retry-after", retry.encode())]
+    )
 
 
 # -- route ---------------------------------------------------------------

@@ -10,7 +10,9 @@ Two interchangeable implementations behind one small interface:
 
 Both raise `UpstreamConnectError` for failures before response headers that
 are safe to fail over (connect refused/reset, pooled connection closed), and
-`UpstreamTimeout` when the replica does not answer in time.
+`UpstreamTimeout` when the replica does not answer in time. The deadline for
+response headers is the caller's (`post(..., headers_timeout_s)`): a stream's
+headers come at once, a non-streaming response's only with its end.
 """
 
 from __future__ import annotations
@@ -61,7 +63,7 @@ class UpstreamResponse(Protocol):
 
 
 class Upstream(Protocol):
-    async def post(self, url: str, body: bytes, headers: dict[str, str]) -> UpstreamResponse: ...
+    async def post(self, url: str, body: bytes, headers: dict[str, str], headers_timeout_s: float) -> UpstreamResponse: ...
     async def close(self) -> None: ...
 
 
@@ -103,7 +105,7 @@ class _AiohttpResponse:
 
 
 class AiohttpUpstream:
-    def __init__(self, pool_size: int, connect_timeout_s: float, first_byte_timeout_s: float, read_timeout_s: float) -> None:
+    def __init__(self, pool_size: int, connect_timeout_s: float, read_timeout_s: float) -> None:
         self._connector = aiohttp.TCPConnector(limit=pool_size, limit_per_host=pool_size, keepalive_timeout=30, ttl_dns_cache=300)
         self._session = aiohttp.ClientSession(
             connector=self._connector,
@@ -112,17 +114,16 @@ class AiohttpUpstream:
             skip_auto_headers=("User-Agent", "Accept-Encoding"),
             cookie_jar=aiohttp.DummyCookieJar(),  # replicas set no cookies; skip the jar's per-request work
         )
-        self._first_byte = first_byte_timeout_s
         self._urls: dict[str, yarl.URL] = {}  # parsed once per replica endpoint, not per request
 
-    async def post(self, url: str, body: bytes, headers: dict[str, str]) -> _AiohttpResponse:
+    async def post(self, url: str, body: bytes, headers: dict[str, str], headers_timeout_s: float) -> _AiohttpResponse:
         parsed = self._urls.get(url)
         if parsed is None:
             if len(self._urls) > 1024:
                 self._urls.clear()
             parsed = self._urls[url] = yarl.URL(url)
         try:
-            async with asyncio.timeout(self._first_byte):
+            async with asyncio.timeout(headers_timeout_s):
                 resp = await self._session.post(parsed, data=body, headers=headers, allow_redirects=False)
         except aiohttp.ConnectionTimeoutError as exc:
             raise UpstreamConnectError(f"connect timeout: {exc}") from exc
@@ -172,17 +173,16 @@ class _HttpxResponse:
 
 
 class HttpxUpstream:
-    def __init__(self, pool_size: int, connect_timeout_s: float, first_byte_timeout_s: float, read_timeout_s: float) -> None:
+    def __init__(self, pool_size: int, connect_timeout_s: float, read_timeout_s: float) -> None:
         self._client = httpx.AsyncClient(
             limits=httpx.Limits(max_connections=pool_size, max_keepalive_connections=pool_size),
             timeout=httpx.Timeout(connect=connect_timeout_s, read=read_timeout_s, write=read_timeout_s, pool=connect_timeout_s),
         )
-        self._first_byte = first_byte_timeout_s
 
-    async def post(self, url: str, body: bytes, headers: dict[str, str]) -> _HttpxResponse:
+    async def post(self, url: str, body: bytes, headers: dict[str, str], headers_timeout_s: float) -> _HttpxResponse:
         request = self._client.build_request("POST", url, content=body, headers=headers)
         try:
-            async with asyncio.timeout(self._first_byte):
+            async with asyncio.timeout(headers_timeout_s):
                 resp = await self._client.send(request, stream=True)
         except httpx.ConnectTimeout as exc:
             raise UpstreamConnectError(f"connect timeout: {exc}") from exc
@@ -196,6 +196,6 @@ class HttpxUpstream:
         await self._client.aclose()
 
 
-def create_upstream(kind: str, pool_size: int, connect_timeout_s: float, first_byte_timeout_s: float, read_timeout_s: float) -> Upstream:
+def create_upstream(kind: str, pool_size: int, connect_timeout_s: float, read_timeout_s: float) -> Upstream:
     cls = HttpxUpstream if kind == "httpx" else AiohttpUpstream
-    return cls(pool_size, connect_timeout_s, first_byte_timeout_s, read_timeout_s)
+    return cls(pool_size, connect_timeout_s, read_timeout_s)

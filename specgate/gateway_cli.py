@@ -35,9 +35,8 @@ def register(app: typer.Typer) -> None:
         """Run the OpenAI-compatible gateway in front of the configured replicas."""
         import os
 
-        import uvicorn
-
         from contract.settings import ConfigError, load_settings
+        from gateway.server import build_config, serve
 
         try:
             settings = load_settings(config)
@@ -49,14 +48,15 @@ def register(app: typer.Typer) -> None:
         from .node import create_node_app
 
         _tune_gc()
-        kwargs = dict(host=host, port=port, loop="uvloop", http="httptools", access_log=False, log_config=None, log_level=settings.log_level.lower())
         if workers > 1:
             if embedded_controller:
                 typer.echo("--embedded-controller needs --workers 1 (run `specgate controller` beside several workers)", err=True)
                 raise typer.Exit(code=2)
-            uvicorn.run("specgate.node:create_node_app", factory=True, workers=workers, **kwargs)
-            return
-        uvicorn.run(create_node_app(settings, controller=embedded_controller), **kwargs)
+            # Each worker builds its app from SPECGATE_CONFIG and runs gateway.server's drain on its own.
+            app_ref = "specgate.node:create_node_app"
+            raise typer.Exit(code=serve(build_config(app_ref, settings, host=host, port=port, workers=workers, factory=True)))
+        app_obj = create_node_app(settings, controller=embedded_controller)
+        raise typer.Exit(code=serve(build_config(app_obj, settings, host=host, port=port)))
 
     @app.command("hash-key")
     def hash_key_cmd(key: Optional[str] = typer.Argument(None, help="API key (read from stdin when omitted)")) -> None:

@@ -280,18 +280,22 @@ def _print_tail(out, path: Path, lines: int = 15) -> None:
             out("    | " + line)
 
 
-async def _serve(plan: UpPlan, sup: Supervisor, out: Callable[[str], None]) -> int:
-    import uvicorn
+# A laptop has no load balancer to wait for: Ctrl-C stops accepting at once and
+# gives in-flight requests a moment (a second Ctrl-C stops at once).
+UP_DRAIN_DEADLINE_S = 3.0
 
+
+async def _serve(plan: UpPlan, sup: Supervisor, out: Callable[[str], None]) -> int:
     from contract.store import create_store
+    from gateway.server import GatewayServer, build_config
 
     from .node import create_node_app
 
     settings = settings_for(plan)
     store = create_store(settings.redis_url, settings.redis_prefix)
     app = create_node_app(settings, store, controller=True)
-    server = uvicorn.Server(uvicorn.Config(app, host=plan.host, port=plan.port, log_level="warning",
-                                           access_log=False, lifespan="on", timeout_graceful_shutdown=5))
+    server = GatewayServer(build_config(app, settings, host=plan.host, port=plan.port, log_level="warning"),
+                           drain_pre_s=0.0, drain_deadline_s=UP_DRAIN_DEADLINE_S)
     logging.getLogger("uvicorn.error").addFilter(_ShutdownCancellations(server))
     serve_task = asyncio.create_task(server.serve())
     try:
@@ -302,7 +306,12 @@ async def _serve(plan: UpPlan, sup: Supervisor, out: Callable[[str], None]) -> i
                 out(f"  x gateway could not start on {plan.gateway_url} (port in use?)")
                 return 1
             await asyncio.sleep(0.05)
-        model_id = await _wait_routable(plan, out)
+        routable = asyncio.create_task(_wait_routable(plan, out))
+        await asyncio.wait({routable, serve_task}, return_when=asyncio.FIRST_COMPLETED)
+        if not routable.done():  # Ctrl-C/SIGTERM while starting: the server has drained already
+            routable.cancel()
+            return 0
+        model_id = routable.result()
         _write_state(plan.state_file, _state_json(plan, model_id, {c.name: c.pid for c in sup.children}))
         out(banner(plan, model_id))
         watch = asyncio.create_task(_watch_children(sup, out))
@@ -322,7 +331,7 @@ async def _serve(plan: UpPlan, sup: Supervisor, out: Callable[[str], None]) -> i
 class _ShutdownCancellations(logging.Filter):
     """Drop uvicorn's traceback for requests it cancels itself at shutdown.
 
-    On Ctrl-C uvicorn waits `timeout_graceful_shutdown` for in-flight requests, then cancels them
+    On Ctrl-C the drain gives in-flight requests `UP_DRAIN_DEADLINE_S`, then uvicorn cancels what is left
     and logs each CancelledError with a traceback; at that point the cancellation is the expected
     outcome of the user's Ctrl-C, not an error worth a screenful. Everything else still logs.
     """

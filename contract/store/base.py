@@ -11,7 +11,8 @@ window, the leader lock) is atomic in both implementations.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Mapping, Protocol, Sequence, runtime_checkable
 
 
@@ -20,13 +21,71 @@ class WindowDecision:
     """Outcome of an atomic check-and-consume against a sliding window.
 
     `used` holds, per field, the weighted usage *after* this call (or what it
-    would have been had it been admitted, when denied).
+    would have been had it been admitted, when denied). `reset_s` holds, per
+    field decided, the seconds until the window counts none of the usage it
+    holds now (`window_reset_s`): OpenAI's `x-ratelimit-reset-*`. When
+    denied, `retry_after_s` is the earliest whole second at which this same
+    request fits (`window_retry_after_s`).
     """
 
     allowed: bool
     retry_after_s: float
     used: Mapping[str, float]
     denied_field: str | None = None
+    reset_s: Mapping[str, float] = field(default_factory=dict)
+
+
+WINDOW_SLACK = 1e-9  # usage may exceed a limit by this much (float noise) and still fit
+
+
+# -- the sliding window's arithmetic, shared by both stores -------------------
+# A window of `window_s` seconds counts `previous * (1 - elapsed) + current`,
+# `elapsed` being the fraction of the current window gone by. Both stores hand
+# their raw (previous, current, elapsed) to these functions, so Redis and the
+# embedded store give the same answers by construction, not by two copies of
+# one formula kept in step.
+
+
+def window_retry_after_s(window_s: float, elapsed: float, previous: float, current: float, cost: float, limit: float) -> float:
+    """Earliest whole second (at least 1) from now at which `cost` more fits
+    under `limit`, assuming no other traffic.
+
+    Why not the end of the window: the previous window's share decays
+    linearly, so a request denied at 54 s into a window is often admitted
+    again within a second; and at the end of the window the usage counted is
+    all of `current`, so the window's end is not even always early enough.
+    The weighted usage only falls with time; the first moment it is low
+    enough is found in closed form, first within the current window, else in
+    the next one (where `current` becomes the decaying part). Both stores
+    compare with `WINDOW_SLACK`, so float noise at the returned second cannot
+    deny what this formula admits."""
+    room_now = limit - current - cost
+    if room_now >= 0:
+        if previous <= 0:
+            seconds = 0.0
+        else:  # previous * (1 - e) <= room_now
+            seconds = max(0.0, (1.0 - room_now / previous) - elapsed) * window_s
+    else:
+        room_next = limit - cost
+        to_next = (1.0 - elapsed) * window_s
+        if room_next < 0:  # never fits: the best answer is when the window is empty
+            seconds = to_next + window_s
+        elif current <= 0:
+            seconds = to_next
+        else:  # current * (1 - f) <= room_next, in the next window
+            seconds = to_next + max(0.0, 1.0 - room_next / current) * window_s
+    return float(max(1, math.ceil(seconds)))
+
+
+def window_reset_s(window_s: float, elapsed: float, previous: float, current: float) -> float:
+    """Seconds until the window counts none of its present usage, i.e. is
+    back to its initial state (OpenAI's meaning of `x-ratelimit-reset-*`):
+    what is in the current window counts until the end of the next one."""
+    if current > 0:
+        return (2.0 - elapsed) * window_s
+    if previous > 0:
+        return (1.0 - elapsed) * window_s
+    return 0.0
 
 
 @runtime_checkable
@@ -72,6 +131,12 @@ class Store(Protocol):
         ...
 
     async def adjust_window(self, key: str, deltas: Mapping[str, int], window_s: int = 60) -> None: ...
+
+    # -- liveness -----------------------------------------------------
+    async def heartbeat(self, key: str, member: str, live_s: float) -> int:
+        """Record `member`'s beat now (store clock), forget members silent for
+        `live_s`, and return how many are live (this one included)."""
+        ...
 
     # -- leadership ---------------------------------------------------
     async def acquire_lock(self, key: str, owner: str, ttl_s: float) -> bool: ...

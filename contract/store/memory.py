@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import math
 import time
 from collections import defaultdict, deque
 from typing import Any, AsyncIterator, Callable, Mapping, Sequence
 
-from .base import WindowDecision
+from .base import WINDOW_SLACK, WindowDecision, window_reset_s, window_retry_after_s
 
 
 class MemoryStore:
@@ -27,6 +26,7 @@ class MemoryStore:
         self._logs: dict[str, deque[Any]] = {}
         self._windows: dict[tuple[str, int], dict[str, float]] = defaultdict(dict)
         self._subscribers: dict[str, set[asyncio.Queue[Any]]] = defaultdict(set)
+        self._beats: dict[str, dict[str, float]] = {}
 
     async def ping(self) -> bool:
         return True
@@ -111,15 +111,19 @@ class MemoryStore:
         now = self._clock()
         _, elapsed, current, previous = self._window_usage(key, window_s, now)
         used: dict[str, float] = {}
+        seen: dict[str, tuple[float, float]] = {}
         for field, cost in costs.items():
-            weighted = previous.get(field, 0.0) * (1.0 - elapsed) + current.get(field, 0.0)
-            used[field] = weighted + cost
+            p, c = seen[field] = previous.get(field, 0.0), current.get(field, 0.0)
+            used[field] = p * (1.0 - elapsed) + c + cost
             limit = limits.get(field, 0)
-            if limit > 0 and cost > 0 and used[field] > limit:
-                return WindowDecision(False, _retry_after(window_s, elapsed), used, field)
+            if limit > 0 and cost > 0 and used[field] > limit + WINDOW_SLACK:
+                reset = {f: window_reset_s(window_s, elapsed, p_, c_) for f, (p_, c_) in seen.items()}
+                retry = window_retry_after_s(window_s, elapsed, p, c, cost, limit)
+                return WindowDecision(False, retry, used, field, reset)
         for field, cost in costs.items():
             current[field] = current.get(field, 0.0) + cost
-        return WindowDecision(True, 0.0, used)
+        reset = {f: window_reset_s(window_s, elapsed, p_, c_ + costs[f]) for f, (p_, c_) in seen.items()}
+        return WindowDecision(True, 0.0, used, None, reset)
 
     async def consume_windows(
         self,
@@ -132,6 +136,15 @@ class MemoryStore:
         _, _, current, _ = self._window_usage(key, window_s, self._clock())
         for field, delta in deltas.items():
             current[field] = current.get(field, 0.0) + delta
+
+    # -- liveness -----------------------------------------------------
+    async def heartbeat(self, key: str, member: str, live_s: float) -> int:
+        now = self._clock()
+        beats = self._beats.setdefault(key, {})
+        beats[member] = now
+        for stale in [m for m, t in beats.items() if t < now - live_s]:
+            del beats[stale]
+        return len(beats)
 
     # -- leadership ---------------------------------------------------
     async def acquire_lock(self, key: str, owner: str, ttl_s: float) -> bool:
@@ -167,8 +180,3 @@ class MemoryStore:
 
 
 _CLOSED = object()
-
-
-def _retry_after(window_s: int, elapsed_fraction: float) -> float:
-    """Seconds until the current window rolls over (the earliest a retry can help)."""
-    return max(1.0, math.ceil(window_s * (1.0 - elapsed_fraction)))

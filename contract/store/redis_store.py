@@ -9,17 +9,20 @@ still agree on window boundaries.
 
 from __future__ import annotations
 
-import math
 from typing import Any, AsyncIterator, Mapping, Sequence
 
 import orjson
 import redis.asyncio as aioredis
 
-from .base import WindowDecision
+from .base import WindowDecision, window_reset_s, window_retry_after_s
 
 # KEYS: none (keys are derived from ARGV[1] so that the window index is computed
 # from Redis' clock). ARGV: base key, window seconds, then n triples of
-# field, cost, limit.
+# field, cost, limit. Returns {allowed, elapsed, denied field or '', used} with
+# `used` flat quadruples (field, weighted usage incl. cost, previous, current):
+# Retry-After and the reset times are computed from those raw values in Python
+# by the same functions the embedded store uses (`base.window_retry_after_s`,
+# `base.window_reset_s`). `1e-9` is `base.WINDOW_SLACK`.
 _CONSUME_WINDOW = """
 local base = ARGV[1]
 local window = tonumber(ARGV[2])
@@ -40,7 +43,9 @@ for i = 0, n - 1 do
   local u = p * (1 - elapsed) + c + cost
   used[#used + 1] = field
   used[#used + 1] = tostring(u)
-  if limit > 0 and cost > 0 and u > limit then
+  used[#used + 1] = tostring(p)
+  used[#used + 1] = tostring(c)
+  if limit > 0 and cost > 0 and u > limit + 1e-9 then
     return {0, tostring(elapsed), field, used}
   end
 end
@@ -88,7 +93,9 @@ while i <= #ARGV do
     local u = p * (1 - elapsed) + c + cost
     used[#used + 1] = field
     used[#used + 1] = tostring(u)
-    if limit > 0 and cost > 0 and u > limit then
+    used[#used + 1] = tostring(p)
+    used[#used + 1] = tostring(c)
+    if limit > 0 and cost > 0 and u > limit + 1e-9 then
       denied = field
       break
     end
@@ -119,6 +126,18 @@ redis.call('EXPIRE', cur, window * 2 + 1)
 return 1
 """
 
+# KEYS: the sorted set of members by last beat (Redis' own clock, so skewed
+# hosts agree). ARGV: member, seconds after which a silent member is gone.
+_HEARTBEAT = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+local live = tonumber(ARGV[2])
+redis.call('ZADD', KEYS[1], string.format('%.6f', now), ARGV[1])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', string.format('(%.6f', now - live))
+redis.call('PEXPIRE', KEYS[1], math.ceil(live * 1000) + 1000)
+return redis.call('ZCARD', KEYS[1])
+"""
+
 _ACQUIRE_LOCK = """
 local holder = redis.call('GET', KEYS[1])
 if holder == false or holder == ARGV[1] then
@@ -136,13 +155,25 @@ return 0
 """
 
 
-def _decision(row: list[Any], window_s: int) -> WindowDecision:
-    allowed, elapsed, field, used_flat = row
-    used = {used_flat[i].decode(): float(used_flat[i + 1]) for i in range(0, len(used_flat), 2)}
+def _decision(row: list[Any], window_s: int, costs: Mapping[str, int], limits: Mapping[str, int]) -> WindowDecision:
+    allowed, elapsed_raw, field, flat = row
+    elapsed = float(elapsed_raw)
+    used: dict[str, float] = {}
+    raw: dict[str, tuple[float, float]] = {}
+    for i in range(0, len(flat), 4):
+        name = flat[i].decode()
+        used[name] = float(flat[i + 1])
+        raw[name] = (float(flat[i + 2]), float(flat[i + 3]))
     if int(allowed):
-        return WindowDecision(True, 0.0, used)
-    retry = max(1.0, math.ceil(window_s * (1.0 - float(elapsed))))
-    return WindowDecision(False, retry, used, field.decode() or None)
+        reset = {f: window_reset_s(window_s, elapsed, p, c + int(costs[f])) for f, (p, c) in raw.items()}
+        return WindowDecision(True, 0.0, used, None, reset)
+    denied = field.decode() or None
+    reset = {f: window_reset_s(window_s, elapsed, p, c) for f, (p, c) in raw.items()}
+    retry = 1.0
+    if denied is not None:
+        p, c = raw[denied]
+        retry = window_retry_after_s(window_s, elapsed, p, c, int(costs[denied]), int(limits.get(denied, 0)))
+    return WindowDecision(False, retry, used, denied, reset)
 
 
 class RedisStore:
@@ -158,6 +189,7 @@ class RedisStore:
         self._consume = self._redis.register_script(_CONSUME_WINDOW)
         self._consume_many = self._redis.register_script(_CONSUME_WINDOWS)
         self._adjust = self._redis.register_script(_ADJUST_WINDOW)
+        self._heartbeat = self._redis.register_script(_HEARTBEAT)
         self._acquire = self._redis.register_script(_ACQUIRE_LOCK)
         self._release = self._redis.register_script(_RELEASE_LOCK)
 
@@ -224,7 +256,7 @@ class RedisStore:
         args: list[Any] = [self._k(key), window_s]
         for field, cost in costs.items():
             args += [field, int(cost), int(limits.get(field, 0))]
-        return _decision(await self._consume(args=args), window_s)
+        return _decision(await self._consume(args=args), window_s, costs, limits)
 
     async def consume_windows(
         self,
@@ -240,7 +272,7 @@ class RedisStore:
             for field, cost in costs.items():
                 args += [field, int(cost), int(limits.get(field, 0))]
         rows = await self._consume_many(args=args)
-        return [_decision(row, window_s) for row in rows]
+        return [_decision(row, window_s, costs, limits) for row, (_, costs, limits) in zip(rows, requests)]
 
     async def adjust_window(self, key: str, deltas: Mapping[str, int], window_s: int = 60) -> None:
         args: list[Any] = [self._k(key), window_s]
@@ -248,6 +280,10 @@ class RedisStore:
             args += [field, int(delta)]
         if len(args) > 2:
             await self._adjust(args=args)
+
+    # -- liveness -----------------------------------------------------
+    async def heartbeat(self, key: str, member: str, live_s: float) -> int:
+        return int(await self._heartbeat(keys=[self._k(key)], args=[member, float(live_s)]))
 
     # -- leadership ---------------------------------------------------
     async def acquire_lock(self, key: str, owner: str, ttl_s: float) -> bool:

@@ -16,6 +16,7 @@ import uvicorn
 
 from tests.support.fake_openai_backend import FakeBackend
 from gateway.app import create_app
+from gateway.server import GatewayServer, build_config, find_gateway
 from contract.settings import hash_key, load_settings
 from tests.conftest import free_port
 
@@ -23,13 +24,20 @@ KEYS = {"alpha": "sk-alpha-0123456789", "beta": "sk-beta-0123456789", "gamma": "
 
 
 class ServerThread:
-    """A uvicorn server for one ASGI app, in a background thread."""
+    """A uvicorn server for one ASGI app, in a background thread. Gateway apps
+    run on the server production uses (`gateway.server`: connection limits,
+    drain, metrics listener); other apps (the fake backend) on plain uvicorn."""
 
     def __init__(self, app: Any, port: int) -> None:
         self.port = port
         self.url = f"http://127.0.0.1:{port}"
-        config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on", access_log=False)
-        self.server = uvicorn.Server(config)
+        state, _ = find_gateway(app)
+        if state is not None:
+            config = build_config(app, state.settings, host="127.0.0.1", port=port, log_level="warning")
+            self.server: uvicorn.Server = GatewayServer(config)
+        else:
+            config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on", access_log=False)
+            self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 
     def start(self) -> "ServerThread":

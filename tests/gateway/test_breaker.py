@@ -28,3 +28,18 @@ def test_lost_probe_does_not_block_forever():
     b.on_attempt(5)  # probe starts, its outcome never arrives
     assert not b.allows(6)
     assert b.allows(10)
+
+
+def test_a_good_health_check_half_opens_an_open_breaker_at_once():
+    b = CircuitBreaker(failures=1, open_s=30)
+    b.on_failure(0)
+    assert b.state(1) == "open"
+    b.on_health_ok(1)
+    assert b.state(1) == "half_open" and b.allows(1)  # one probe now, not after 30 s
+    b.on_attempt(1)
+    assert not b.allows(1.5)
+    b.on_failure(2)
+    assert b.state(3) == "open"  # a failed probe still re-opens it
+    closed = CircuitBreaker()
+    closed.on_health_ok(5)
+    assert closed.state(5) == "closed" and closed.opened_at is None

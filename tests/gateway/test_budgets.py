@@ -79,7 +79,8 @@ def test_token_budget_reserves_estimate_then_settles_actual(start_backend, start
 
 
 def test_budget_store_down_fails_closed_with_503(start_backend, start_gateway):
-    """Limited tenants are refused (503, OpenAI-shaped) when Redis is unreachable; no hang."""
+    """With `budget_failure_mode: deny`, limited tenants are refused (503,
+    OpenAI-shaped, with Retry-After) when Redis is unreachable; no hang."""
     from contract.settings import load_settings
     from gateway.app import create_app
     from tests.conftest import free_port
@@ -91,13 +92,14 @@ def test_budget_store_down_fails_closed_with_503(start_backend, start_gateway):
         replicas=[{"url": backend.url}],
         tenants=[tenant("alpha", requests_per_minute=10), tenant("beta")],
         redis_url=f"redis://127.0.0.1:{free_port()}/0",
-        gateway={"health_interval_s": 30},
+        gateway={"health_interval_s": 30, "budget_failure_mode": "deny"},
     )
     server = ServerThread(create_app(settings), free_port()).start()
     try:
         limited = ask(type("G", (), {"url": server.url})())
         assert limited.status_code == 503
         assert limited.json()["error"]["code"] == "state_store_unavailable"
+        assert int(limited.headers["retry-after"]) >= 1
         assert ask(type("G", (), {"url": server.url})(), key="beta").status_code == 200  # unlimited tenants need no store
     finally:
         server.stop()

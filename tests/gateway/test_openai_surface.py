@@ -155,11 +155,12 @@ def test_no_healthy_replica_is_503(start_gateway):
 def test_upstream_timeout_is_504(start_backend, start_gateway):
     backend = start_backend()
     backend.fake.control["delay_s"] = 3.0
-    gateway = start_gateway([{"url": backend.url}], first_byte_timeout_s=0.3)
-    with pytest.raises(openai.APIStatusError) as exc:
-        client(gateway).chat.completions.create(model="fake-model", messages=[{"role": "user", "content": "x"}])
-    assert exc.value.status_code == 504
-    assert exc.value.body["code"] == "upstream_timeout"
+    gateway = start_gateway([{"url": backend.url}], first_byte_timeout_s=0.3, response_timeout_s=0.3)
+    for stream in (False, True):  # streams: until headers; non-streaming: the whole response
+        with pytest.raises(openai.APIStatusError) as exc:
+            client(gateway).chat.completions.create(model="fake-model", messages=[{"role": "user", "content": "x"}], stream=stream)
+        assert exc.value.status_code == 504
+        assert exc.value.body["code"] == "upstream_timeout"
 
 
 def test_unknown_path_is_openai_shaped_404(gw):

@@ -147,3 +147,97 @@ def test_session_affinity_keeps_a_session_on_one_replica(start_backend, start_ga
         assert len(picks) == 1
         chosen[session] = picks.pop()
     assert set(chosen.values()) == {"a", "b"}  # sessions spread over both replicas
+
+
+# -- hardening: breaker and health agree, wedges cost seconds ----------------
+def test_a_good_health_check_half_opens_the_breaker_of_a_restarted_replica(start_backend, start_gateway):
+    a = start_backend(name="a")
+    b = start_backend(name="b")
+    gw = start_gateway(
+        [{"url": a.url, "name": "a"}, {"url": b.url, "name": "b"}], breaker_failures=2, breaker_open_s=300, health_interval_s=0.2
+    )
+    a.fake.control.update(fail_next=2, fail_status=500)  # e.g. a restart: two failures open its breaker
+    for _ in range(2):
+        assert httpx.post(gw.url + "/v1/chat/completions", json=CHAT, headers=AUTH).headers["x-specgate-replica"] == "b"
+    breaker = gw.state.registry.get("a").breaker
+    assert breaker.opened_at is not None
+    # Without the health check it would stay out for breaker_open_s (300 s);
+    # its next good check lets a probe through and the probe closes it.
+    wait_for(lambda: breaker.state(time.monotonic()) == "half_open", timeout=10)
+    r = httpx.post(gw.url + "/v1/chat/completions", json=CHAT, headers=AUTH)
+    assert r.status_code == 200 and r.headers["x-specgate-replica"] == "a"
+    assert breaker.state(time.monotonic()) == "closed"
+
+
+def test_a_timeout_before_the_first_byte_fails_over(start_backend, start_gateway):
+    slow = start_backend(name="a")
+    fast = start_backend(name="b")
+    gw = start_gateway([{"url": slow.url, "name": "a"}, {"url": fast.url, "name": "b"}], first_byte_timeout_s=0.3)
+    slow.fake.control["delay_s"] = 30.0
+    c = openai.OpenAI(base_url=gw.v1(), api_key=KEYS["alpha"], max_retries=0, timeout=20)
+    out = c.chat.completions.create(model="fake-model", messages=[{"role": "user", "content": "x"}], max_tokens=2, stream=True)
+    assert "".join(ch.choices[0].delta.content or "" for ch in out if ch.choices) == " tok0 tok1"
+    assert fast.fake.stats["completed"] == 1
+    wait_for(lambda: slow.fake.stats["cancelled"] == 1, timeout=15)  # the abandoned attempt was closed upstream
+
+
+def _wedge_gateway(start_backend, start_gateway, **settings):
+    a = start_backend(name="a")
+    b = start_backend(name="b")
+    gw = start_gateway(
+        [{"url": a.url, "name": "a"}, {"url": b.url, "name": "b"}], wedge_after_s=0.5, metrics_interval_s=0.1, health_interval_s=0.2, **settings
+    )
+    return a, b, gw
+
+
+def test_a_request_waiting_on_a_frozen_replica_fails_over_and_the_replica_comes_back(start_backend, start_gateway):
+    a, b, gw = _wedge_gateway(start_backend, start_gateway)
+    replica = gw.state.registry.get("a")
+    a.fake.control["frozen"] = True  # like SIGSTOP: nothing answers, nothing is refused
+    # Routed to `a` (name order on a tie) before the watchdog sees it; the
+    # response timeout is 900 s, so only the wedge path can answer this.
+    r = httpx.post(gw.url + "/v1/chat/completions", json=CHAT, headers=AUTH, timeout=30)
+    assert r.status_code == 200 and r.headers["x-specgate-replica"] == "b"
+    assert not replica.healthy and replica.wedged == "no answer"
+    metrics = httpx.get(gw.url + "/metrics").text
+    assert 'specgate_replica_ejections_total{reason="no_answer",replica="a"} 1.0' in metrics
+    assert 'specgate_upstream_attempts_total{outcome="wedged",replica="a"} 1.0' in metrics
+    # New requests avoid it while it is out.
+    assert httpx.post(gw.url + "/v1/chat/completions", json=CHAT, headers=AUTH).headers["x-specgate-replica"] == "b"
+    a.fake.control["frozen"] = False
+    wait_for(lambda: replica.healthy and replica.wedged is None, timeout=10)
+    assert httpx.post(gw.url + "/v1/chat/completions", json=CHAT, headers=AUTH).headers["x-specgate-replica"] == "a"
+
+
+def test_a_stream_under_way_on_a_frozen_replica_ends_with_an_error_event_and_done(start_backend, start_gateway):
+    a, b, gw = _wedge_gateway(start_backend, start_gateway)
+    a.fake.control["chunk_delay_s"] = 0.05
+    with httpx.stream("POST", gw.url + "/v1/chat/completions", json={**CHAT, "max_tokens": 200, "stream": True}, headers=AUTH, timeout=30) as r:
+        assert r.headers["x-specgate-replica"] == "a"
+        lines = []
+        for line in r.iter_lines():
+            lines.append(line)
+            if len(lines) == 4:
+                a.fake.control["frozen"] = True
+    a.fake.control["frozen"] = False
+    data = [line for line in lines if line.startswith("data: ")]
+    assert data[-1] == "data: [DONE]"
+    error = data[-2]
+    assert '"error"' in error and "stopped making progress" in error and "request id" in error
+    assert a.url not in error and "a" != r.headers.get("x-request-id")
+
+
+def test_a_replica_whose_engine_stalls_behind_a_live_api_is_ejected_by_progress(start_backend, start_gateway):
+    a, b, gw = _wedge_gateway(start_backend, start_gateway)
+    replica = gw.state.registry.get("a")
+    a.fake.control["stalled"] = True  # /health and /metrics answer; completions make no progress
+    r = httpx.post(gw.url + "/v1/chat/completions", json=CHAT, headers=AUTH, timeout=30)
+    assert r.status_code == 200 and r.headers["x-specgate-replica"] == "b"
+    metrics = httpx.get(gw.url + "/metrics").text
+    assert 'specgate_replica_ejections_total{reason="no_progress",replica="a"} 1.0' in metrics
+    wait_for(lambda: a.fake.stats["cancelled"] == 1, timeout=10)  # the stuck attempt was closed upstream
+    # With nothing running there is nothing to judge: it is let back after its
+    # health check, its breaker half-open, and a stuck request is caught again.
+    wait_for(lambda: replica.healthy, timeout=10)
+    a.fake.control["stalled"] = False
+    assert httpx.post(gw.url + "/v1/chat/completions", json=CHAT, headers=AUTH).headers["x-specgate-replica"] == "a"

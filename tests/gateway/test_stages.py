@@ -75,7 +75,7 @@ class FakeUpstream:
         self.outcomes = list(outcomes)
         self.posts: list[str] = []
 
-    async def post(self, url, body, headers):
+    async def post(self, url, body, headers, headers_timeout_s=None):
         self.posts.append(url)
         out = self.outcomes.pop(0)
         if isinstance(out, BaseException) or (isinstance(out, type) and issubclass(out, BaseException)):
@@ -254,7 +254,7 @@ async def _relay(state, ctx, send=None):
     [
         [RuntimeError("client library bug")],
         [asyncio.CancelledError()],
-        [UpstreamTimeout()],
+        [UpstreamTimeout(), UpstreamTimeout()],
         [UpstreamConnectError("refused"), UpstreamConnectError("refused"), UpstreamConnectError("refused")],
         [FakeResponse(500, b'{"error": {"message": "x"}}'), FakeResponse(503, b"busy"), FakeResponse(500, b"")],
     ],
@@ -271,7 +271,9 @@ async def test_failover_outcomes_and_final_errors():
     state = make_state(upstream=FakeUpstream(UpstreamConnectError("x"), UpstreamConnectError("y"), UpstreamConnectError("z")))
     with pytest.raises(GatewayError) as exc:
         await _relay(state, relay_ctx(state))
-    assert (exc.value.status, exc.value.code) == (503, "no_healthy_replica") and "unreachable" in exc.value.message
+    assert (exc.value.status, exc.value.code) == (503, "no_healthy_replica")
+    assert exc.value.message == "No healthy replica could serve model `m`; retry shortly."  # no replica name, no library detail
+    assert (b"retry-after", b"1") in exc.value.headers
     state = make_state(upstream=FakeUpstream(FakeResponse(500, b"x"), FakeResponse(503, b'{"error": {}}'), FakeResponse(502, b"plain")))
     with pytest.raises(GatewayError) as exc:
         await _relay(state, relay_ctx(state))
@@ -280,10 +282,13 @@ async def test_failover_outcomes_and_final_errors():
     with pytest.raises(GatewayError) as exc:
         await _relay(state, relay_ctx(state))
     assert exc.value.status == 503 and exc.value.body() == b'{"error": {}}'  # the replica's own error, relayed
-    state = make_state(upstream=FakeUpstream(UpstreamTimeout()))
+    # A timeout before the first byte fails over; only when every replica
+    # timed out is it a 504, and no replica is tried twice after a timeout.
+    state = make_state(upstream=FakeUpstream(UpstreamTimeout(), UpstreamTimeout()))
     with pytest.raises(GatewayError) as exc:
         await _relay(state, relay_ctx(state))
     assert (exc.value.status, exc.value.code) == (504, "upstream_timeout")
+    assert len(state.upstream.posts) == 2
 
 
 async def test_inflight_covers_the_relay_and_is_released_when_the_client_send_fails():
@@ -372,3 +377,92 @@ def test_spans_only_for_stages_reached():
     recorded.clear()
     record_spans(tracing, make_ctx(t_auth_start_ns=1, t_auth_end_ns=2, authenticated=True, t_route_start_ns=3, t_route_end_ns=4, candidates=["a"]))
     assert recorded == [("auth", 1, 2, {"specgate.authenticated": True}), ("route", 3, 4, {"specgate.candidates": ["a"]})]
+
+
+# -- the gateway's own aborts (drain deadline, wedged replica) ----------------
+class HangingUpstream:
+    """Each post hangs (a replica that never answers), except the outcomes queued after it."""
+
+    def __init__(self, *then) -> None:
+        self.then = list(then)
+        self.posts: list[str] = []
+        self.entered = asyncio.Event()
+
+    async def post(self, url, body, headers, headers_timeout_s=None):
+        self.posts.append(url)
+        if len(self.posts) > 1 and self.then:
+            return self.then.pop(0)
+        self.entered.set()
+        await asyncio.sleep(3600)
+
+
+async def _started(state, ctx, send):
+    from gateway.inflight import InflightRequests
+
+    registry = InflightRequests(10)
+    task = asyncio.ensure_future(_relay_and_settle(state, ctx, send))
+    registry.add(task, ctx)
+    await asyncio.wait_for(state.upstream.entered.wait(), 5)
+    return registry, task
+
+
+async def _relay_and_settle(state, ctx, send):
+    try:
+        await relay(state, ctx, state.replica_list, send)
+    except BaseException as exc:
+        if not await on_error(state, ctx, exc, send):
+            raise
+
+
+async def test_a_request_aborted_as_its_replica_wedged_fails_over_before_the_first_byte():
+    body = orjson.dumps({"choices": [], "usage": {"prompt_tokens": 1, "completion_tokens": 2}})
+    state = make_state(upstream=HangingUpstream(FakeResponse(200, body)))
+    ctx, sent = relay_ctx(state), Sent()
+    registry, task = await _started(state, ctx, sent)
+    a = state.replica_list[0]
+    assert registry.abort("replica_wedged", state.replica_list[1]) == 0  # only requests waiting on that replica
+    assert registry.abort("replica_wedged", a) == 1
+    await asyncio.wait_for(task, 5)
+    assert sent[0]["status"] == 200 and (b"x-specgate-replica", b"b") in sent[0]["headers"]
+    assert ctx.replica.name == "b" and [r.inflight for r in state.replica_list] == [0, 0]
+
+
+async def test_a_request_ended_by_the_drain_deadline_before_any_byte_gets_a_503_to_retry():
+    state = make_state(upstream=HangingUpstream())
+    ctx, sent = relay_ctx(state), Sent()
+    ctx.reserved_live = True
+    registry, task = await _started(state, ctx, sent)
+    registry.abort("shutdown")
+    await asyncio.wait_for(task, 5)
+    assert sent[0]["status"] == 503 and (b"retry-after", b"1") in sent[0]["headers"]
+    assert orjson.loads(sent[1]["body"])["error"]["code"] == "shutting_down"
+    assert ("refund", "t", 0) in state.accounting.calls  # nothing was served
+
+
+class EndlessStream(FakeResponse):
+    async def chunks(self):
+        yield b'data: {"choices": [{"delta": {"content": "a"}}]}\n\n'
+        await asyncio.sleep(3600)
+
+
+async def test_a_stream_under_way_ended_by_the_drain_deadline_gets_an_error_event_then_done():
+    state = make_state(upstream=SimpleNamespace(post=None))
+    entered = asyncio.Event()
+
+    async def post(url, body, headers, headers_timeout_s=None):
+        entered.set()
+        return EndlessStream(200)
+
+    state.upstream = SimpleNamespace(post=post, entered=entered)
+    ctx, sent = relay_ctx(state, stream=True), Sent()
+    registry, task = await _started(state, ctx, sent)
+    for _ in range(100):
+        if len(sent) >= 2:
+            break
+        await asyncio.sleep(0.01)
+    registry.abort("shutdown")
+    await asyncio.wait_for(task, 5)
+    tail = b"".join(m.get("body", b"") for m in sent[2:])
+    assert tail.endswith(b"data: [DONE]\n\n") and b'"code":"shutting_down"' in tail
+    assert sent[-1] == {"type": "http.response.body", "body": b""}
+    assert ctx.status == 503

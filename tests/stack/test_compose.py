@@ -221,3 +221,18 @@ def test_otel_collector_pipeline_is_wired_to_jaeger(resolved):
     assert gw_endpoint.startswith("http://otel-collector:4318")
     assert cfg["receivers"]["otlp"]["protocols"]["http"]["endpoint"].endswith(":4318")
     assert json.loads(json.dumps(cfg))  # plain data, no YAML tags
+
+
+def test_gateway_stop_grace_period_outlasts_the_drain(resolved):
+    """Docker SIGKILLs after stop_grace_period: it must come after the whole drain
+    (pre-window + deadline + the request tasks' grace), or open streams are cut
+    without their SSE error event."""
+    from contract.settings import load_settings
+    from gateway.server import ABORT_GRACE_S
+
+    g = load_settings(REPO / "docker" / "specgate" / "specgate.yaml").gateway
+    for name in ("gateway-1", "gateway-2"):
+        grace = resolved["services"][name].get("stop_grace_period")
+        assert grace, f"{name} has no stop_grace_period (Docker's default is 10 s)"
+        seconds = float(re.fullmatch(r"(\d+)s", str(grace)).group(1))
+        assert seconds > g.drain_pre_s + g.drain_deadline_s + ABORT_GRACE_S, name

@@ -22,9 +22,14 @@ What it imitates, on purpose (the wire format is vLLM's, built by
 
 Test controls (never part of the OpenAI surface): `POST /_fake/control` with
 `{"fail_next": n, "fail_status": 500, "die_after_chunks": k, "delay_s": x,
-"chunk_delay_s": y, "linger_s": z, "stop_after": n, "healthy": bool}` (`linger_s`: keep a
-finished stream's connection open that long after `[DONE]`, as a replica may
-before its server closes it), `GET /_fake/requests` (recent upstream
+"chunk_delay_s": y, "linger_s": z, "stop_after": n, "healthy": bool, "frozen": bool,
+"stalled": bool}` (`linger_s`: keep a finished stream's connection open that
+long after `[DONE]`, as a replica may before its server closes it; `frozen`:
+every request but the controls waits unanswered, as a SIGSTOPped process
+would; `stalled`: completions are taken in and counted as running but make
+no progress while /health and /metrics still answer, as an engine stuck
+behind a live API server would; `/metrics` carries
+`vllm:generation_tokens_total`), `GET /_fake/requests` (recent upstream
 request bodies and headers as received), `GET /_fake/stats` (requests,
 completed, cancelled = client went away before the response finished).
 
@@ -69,10 +74,11 @@ class FakeBackend:
         self.knobs = knobs
         self.draft_k = draft_k
         self.accepted_per_step = accepted_per_step
-        self.control: dict[str, Any] = {"fail_next": 0, "fail_status": 500, "die_after_chunks": None, "delay_s": 0.0, "chunk_delay_s": 0.0, "linger_s": 0.0, "healthy": True}
+        self.control: dict[str, Any] = {"fail_next": 0, "fail_status": 500, "die_after_chunks": None, "delay_s": 0.0, "chunk_delay_s": 0.0, "linger_s": 0.0, "healthy": True, "frozen": False, "stalled": False}
         self.recorded: collections.deque = collections.deque(maxlen=record)
         self.stats = {"requests": 0, "completed": 0, "cancelled": 0}
         self.running = 0
+        self.generated = 0
         self._created = int(time.time())
 
     # -- ASGI ---------------------------------------------------------
@@ -87,6 +93,8 @@ class FakeBackend:
                     return
         path = scope["path"]
         method = scope["method"]
+        while self.control["frozen"] and not path.startswith("/_fake/"):
+            await asyncio.sleep(0.02)
         if method == "POST" and path in ("/v1/chat/completions", "/v1/completions"):
             await self._completion(scope, receive, send, chat=path == "/v1/chat/completions")
         elif path == "/health":
@@ -117,6 +125,9 @@ class FakeBackend:
             "# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.",
             "# TYPE vllm:kv_cache_usage_perc gauge",
             f'vllm:kv_cache_usage_perc{{engine="0",model_name="{self.model}"}} 0.0',
+            "# HELP vllm:generation_tokens_total Number of generation tokens processed.",
+            "# TYPE vllm:generation_tokens_total counter",
+            f'vllm:generation_tokens_total{{engine="0",model_name="{self.model}"}} {float(self.generated)}',
         ]
         if self.knobs:
             lines += [
@@ -148,6 +159,11 @@ class FakeBackend:
         self.running += 1
         watcher = asyncio.ensure_future(_disconnected(receive))
         try:
+            while ctl["stalled"]:
+                done, _ = await asyncio.wait({watcher}, timeout=0.02)
+                if done:
+                    self.stats["cancelled"] += 1
+                    return
             if ctl["delay_s"]:
                 done, _ = await asyncio.wait({watcher}, timeout=float(ctl["delay_s"]))
                 if done:
@@ -203,6 +219,7 @@ class FakeBackend:
 
     def _whole(self, req: dict, chat: bool, rid: str) -> dict:
         n, finish = self._n_tokens(req)
+        self.generated += n
         return wire.completion_body(
             chat=chat, rid=rid, created=self._created, model=self.model, text="".join(f" tok{i}" for i in range(n)),
             finish_reason=finish, prompt_tokens=self._prompt_tokens(req, chat), completion_tokens=n, spec=self._spec(req, n))
@@ -214,6 +231,7 @@ class FakeBackend:
         events: list[dict] = []
         if chat:
             events.append(wire.role_chunk(rid, created, model))
+        self.generated += n
         for i in range(n):
             events.append(wire.content_chunk(rid, created, model, f" tok{i}", chat=chat, finish_reason=finish if i == n - 1 else None))
         include_usage, _ = wire.stream_usage_flags(req.get("stream_options"))
@@ -234,6 +252,8 @@ class FakeBackend:
             if die is not None and i >= die:
                 raise _Die("fake backend dies mid-stream (test control)")
             await send({"type": "http.response.body", "body": wire.sse(e), "more_body": True})
+            while self.control["frozen"]:
+                await asyncio.sleep(0.02)
             if delay:
                 done, _ = await asyncio.wait({watcher}, timeout=delay)
                 if done:
