@@ -68,10 +68,44 @@ _COUNTERS = {
 }
 
 
+# Every family the snapshot reads (prefixes of their sample names).
+_READ = tuple(
+    sorted(
+        {
+            *_GAUGES,
+            *_COUNTERS,
+            "vllm:spec_decode_num_accepted_tokens_per_pos",
+            "vllm:prompt_tokens_by_source",
+            "vllm:iteration_tokens_total",
+            "specgate_ext_info",
+        }
+    )
+)
+
+
+def relevant_lines(text: str) -> str:
+    """The exposition cut down to the families the snapshot reads (with
+    their HELP/TYPE lines), histogram buckets dropped (only `_sum`/`_count`
+    are read). Why: a replica's /metrics is mostly latency histograms, and
+    parsing all of it on the gateway's event loop every scrape, for every
+    replica, showed as ~25 ms/s of stalls in the soak's /health latency."""
+    out = []
+    for line in text.splitlines():
+        if line.startswith("#"):
+            parts = line.split(" ", 3)
+            if len(parts) > 2 and parts[2].startswith(_READ):
+                out.append(line)
+        elif line.startswith(_READ) and not line.split("{", 1)[0].split(" ", 1)[0].endswith("_bucket"):
+            out.append(line)
+    out.append("")
+    return "\n".join(out)
+
+
 def parse_vllm_metrics(text: str) -> VllmMetricsSnapshot:
     snap = VllmMetricsSnapshot()
     models: set[str] = set()
     sums: dict[str, float] = {}
+    text = relevant_lines(text)
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             name, labels, value = sample.name, sample.labels, sample.value

@@ -13,6 +13,9 @@ from typing import Any, AsyncIterator, Mapping, Sequence
 
 import orjson
 import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from .base import WindowDecision, window_reset_s, window_retry_after_s
 
@@ -181,9 +184,20 @@ class RedisStore:
         self.prefix = prefix
         self.url = url
         # A blocking pool: under a burst, callers wait for a connection
-        # instead of failing with "Too many connections".
+        # instead of failing with "Too many connections". A pooled connection
+        # that died with a Redis restart fails its next command; one immediate
+        # retry (on a fresh connection) keeps that from reading as an outage
+        # (the soak saw the budget store flap "down" for seconds after Redis
+        # came back). A real outage still fails: the reconnect is refused.
         pool = aioredis.BlockingConnectionPool.from_url(
-            url, max_connections=max_connections, timeout=5, health_check_interval=30, socket_connect_timeout=2, socket_keepalive=True
+            url,
+            max_connections=max_connections,
+            timeout=5,
+            health_check_interval=30,
+            socket_connect_timeout=2,
+            socket_keepalive=True,
+            retry=Retry(NoBackoff(), 1),
+            retry_on_error=[RedisConnectionError],
         )
         self._redis = aioredis.Redis.from_pool(pool)  # owns the pool: aclose() closes it
         self._consume = self._redis.register_script(_CONSUME_WINDOW)

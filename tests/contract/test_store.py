@@ -94,3 +94,28 @@ async def test_publish_reaches_subscriber(store):
             break
     await asyncio.wait_for(task, 2)
     assert received == [{"version": 7}]
+
+
+async def test_a_redis_restart_is_not_an_outage_for_pooled_connections(tmp_path):
+    """A pooled connection that died with a restarted Redis is retried once on
+    a fresh one: the first command after the restart succeeds instead of
+    raising (which the gateway's budget guard would read as the store down)."""
+    import shutil
+
+    from tests.support.private_redis import PrivateRedis
+
+    if shutil.which("redis-server") is None:
+        pytest.skip("needs redis-server")
+    server = PrivateRedis(tmp_path).start()
+    store = RedisStore(server.url, prefix="restart:")
+    try:
+        await store.set_json("k", 1)
+        server.stop()
+        server.start()
+        assert await store.get_json("k") is None  # answered (the restarted Redis is empty), did not raise
+        server.stop()
+        with pytest.raises(Exception):
+            await store.get_json("k")  # a real outage still fails
+    finally:
+        server.stop()
+        await store.close()

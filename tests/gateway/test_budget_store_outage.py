@@ -10,61 +10,20 @@ from __future__ import annotations
 import logging
 import re
 import shutil
-import subprocess
 import time
 
 import httpx
 import pytest
-import redis
 
 from contract.settings import load_settings
 from gateway.app import create_app
 from tests.conftest import free_port
 
+from tests.support.private_redis import PrivateRedis
+
 from .conftest import KEYS, ServerThread, tenant, wait_for
 
 pytestmark = pytest.mark.skipif(shutil.which("redis-server") is None, reason="needs redis-server")
-
-
-class PrivateRedis:
-    """A redis-server of this test's own, on a fixed port across restarts."""
-
-    def __init__(self, workdir) -> None:
-        self.port = free_port()
-        self.url = f"redis://127.0.0.1:{self.port}/0"
-        self.workdir = workdir
-        self.proc: subprocess.Popen | None = None
-
-    def start(self) -> PrivateRedis:
-        self.proc = subprocess.Popen(
-            [shutil.which("redis-server"), "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-             "--dir", str(self.workdir)],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        wait_for(self._answers, timeout=10)
-        return self
-
-    def _answers(self) -> bool:
-        try:
-            with redis.Redis(port=self.port, socket_connect_timeout=0.5, socket_timeout=0.5) as r:
-                return bool(r.ping())
-        except redis.RedisError:
-            return False
-
-    def stop(self) -> None:
-        if self.proc is not None:
-            self.proc.terminate()
-            self.proc.wait(timeout=10)
-            self.proc = None
-
-    def pause(self, ms: int) -> None:
-        """Every client's commands hang for `ms` (the server stays up and accepts connections)."""
-        with redis.Redis(port=self.port) as r:
-            r.execute_command("CLIENT", "PAUSE", ms, "ALL")
-
-    def client(self) -> redis.Redis:
-        return redis.Redis(port=self.port)
 
 
 @pytest.fixture

@@ -1,0 +1,65 @@
+"""A redis-server of a test's own (`/usr/bin/redis-server`, no persistence)
+on a fixed port across restarts, for tests that stop, restart or pause the
+store -- never the shared Redis other tests use."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+import redis
+
+from tests.conftest import free_port
+
+
+def wait_for(predicate, timeout: float = 10.0, interval: float = 0.05):
+    import time
+
+    deadline = time.time() + timeout
+    while not predicate():
+        if time.time() > deadline:
+            raise AssertionError("condition not met within %.1fs" % timeout)
+        time.sleep(interval)
+
+
+class PrivateRedis:
+    """A redis-server of this test's own, on a fixed port across restarts."""
+
+    def __init__(self, workdir) -> None:
+        self.port = free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.workdir = workdir
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> PrivateRedis:
+        self.proc = subprocess.Popen(
+            [shutil.which("redis-server"), "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+             "--dir", str(self.workdir)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        wait_for(self._answers, timeout=10)
+        return self
+
+    def _answers(self) -> bool:
+        try:
+            with redis.Redis(port=self.port, socket_connect_timeout=0.5, socket_timeout=0.5) as r:
+                return bool(r.ping())
+        except redis.RedisError:
+            return False
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            self.proc.wait(timeout=10)
+            self.proc = None
+
+    def pause(self, ms: int) -> None:
+        """Every client's commands hang for `ms` (the server stays up and accepts connections)."""
+        with redis.Redis(port=self.port) as r:
+            r.execute_command("CLIENT", "PAUSE", ms, "ALL")
+
+    def client(self) -> redis.Redis:
+        return redis.Redis(port=self.port)
+
+
