@@ -143,6 +143,7 @@ class Budget:
         # one): previous bucket x (1 - elapsed share of the current) + current bucket, buckets
         # aligned to the epoch. Reconstructed at each admission from the bench's clock.
         self.est: dict[str, list[tuple[float, float, float]]] = {}
+        self.wall0 = wall0
         if wall0 is not None:
             for tenant, rs in self.adm.items():
                 buckets: dict[int, list[float]] = defaultdict(lambda: [0.0, 0.0])
@@ -188,6 +189,31 @@ class Budget:
                     toks -= mine[j]["tokens"] or 0
                     j += 1
                 best_n, best_t = max(best_n, i - j + 1), max(best_t, toks)
+            out[gw] = (best_n, best_t)
+        return out
+
+    def per_instance_weighted(self, tenant: str, start: float, end: float) -> dict[str, tuple[float, float]]:
+        """Per gateway: the highest usage of its local window during [start, end) -- what
+        `budget_failure_mode: local` enforces against the share: the same weighted sliding window
+        as the store's (epoch-aligned buckets), holding only that instance's admissions from the
+        outage's start (the local window starts empty)."""
+        if self.wall0 is None:
+            return {}
+        out = {}
+        rs = [r for r in self.adm.get(tenant, ()) if start <= r["t_send"] < end]
+        for gw in sorted({r["gw"] for r in rs}):
+            buckets: dict[int, list[float]] = defaultdict(lambda: [0.0, 0.0])
+            best_n = best_t = 0.0
+            for r in (r for r in rs if r["gw"] == gw):
+                e = self.wall0 + r["t_send"]
+                idx = int(e // self.window_s)
+                elapsed = (e - idx * self.window_s) / self.window_s
+                cur = buckets[idx]
+                cur[0] += 1
+                cur[1] += r["tokens"] or 0
+                prev = buckets.get(idx - 1, [0.0, 0.0])
+                best_n = max(best_n, prev[0] * (1 - elapsed) + cur[0])
+                best_t = max(best_t, prev[1] * (1 - elapsed) + cur[1])
             out[gw] = (best_n, best_t)
         return out
 
@@ -472,14 +498,18 @@ def detail_redis(w, recs: list[dict], e: dict, budget: Budget, result: dict, gws
     checks = []
     for tenant, lim in budget.limits.items():
         inst = budget.per_instance(tenant, at, up)
+        local = budget.per_instance_weighted(tenant, at, up)
         parts = []
         for kind, key, idx in (("req", "requests_per_minute", 0), ("tok", "tokens_per_minute", 1)):
             if not lim.get(key):
                 continue
             share_ = math.ceil(lim[key] / live)
-            cells = [f"{gw} {inst.get(gw, (0, 0))[idx]}" for gw in gws]
-            worst = max((inst.get(gw, (0, 0))[idx] for gw in gws), default=0)
-            checks.append((tenant, kind, worst, share_))
+            cells = [f"{gw} {inst.get(gw, (0, 0))[idx]} (local window {local.get(gw, (0, 0))[idx]:.0f})" for gw in gws]
+            if local:  # what local mode enforces; the rolling count is information
+                worst = max((local.get(gw, (0, 0))[idx] for gw in gws), default=0)
+            else:
+                worst = max((inst.get(gw, (0, 0))[idx] for gw in gws), default=0)
+            checks.append((tenant, kind, round(worst, 1), share_))
             parts.append(f"{kind}: {', '.join(cells)} (share {share_})")
         around_n, around_t = budget.max_in(tenant, at, up + budget.window_s)
         w(f"  {tenant}: admitted per instance during the outage {'; '.join(parts)}; most in a rolling window ending "
@@ -593,7 +623,9 @@ def verdicts(recs, per_win, vd, budget: Budget, wins, plan, settings) -> list[tu
         checks = [c for d in vd["redis"] for c in d["checks"]]
         over = [c for c in checks if c[2] > c[3]]
         out.append((not over, f"through the Redis outage ({settings.get('budget_failure_mode', '?')} mode) each instance "
-                    "admits at most its share (limit / live instances): "
+                    "admits at most its share (limit / live instances) in its local weighted window "
+                    "(docs/gateway.md's bound: the local window starts empty, so this is on top of what the shared "
+                    "window held): "
                     + ", ".join(f"{t} {k} {n}/{s}" for t, k, n, s in checks)))
     else:
         out.append((None, "budget through a Redis outage: no outage in the schedule"))

@@ -180,6 +180,9 @@ class GatewaySettings(_Strict):
     breaker_open_s: float = Field(default=30.0, gt=0)
     # Health and load.
     health_interval_s: float = Field(default=2.0, gt=0, description="liveness checks (/health, /v1/models)")
+    health_unhealthy_interval_s: float = Field(
+        default=0.5, gt=0, description="an unhealthy replica is checked this often instead, so a restarted one is back within it (Envoy's unhealthy_interval)"
+    )
     health_timeout_s: float = Field(default=2.0, gt=0)
     health_fail_threshold: int = Field(default=3, ge=1)
     health_success_threshold: int = Field(

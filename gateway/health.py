@@ -8,7 +8,8 @@ replica is scraped twice by one process.
 
 A replica turns unhealthy after `health_fail_threshold` consecutive failed
 checks and healthy again after `health_success_threshold` consecutive good
-ones. The very first check admits on one success, so a gateway that starts
+ones; an unhealthy replica is checked every `health_unhealthy_interval_s`
+(Envoy's `unhealthy_interval`), so a restarted one is back within it. The very first check admits on one success, so a gateway that starts
 next to running replicas serves immediately. A good check also half-opens
 the replica's circuit breaker, so a restarted replica is probed at once.
 
@@ -157,13 +158,24 @@ class HealthMonitor:
         await self.check_all(first=True)
         s = self.settings
         self._loops.start(
-            every(s.health_interval_s, self._health_round, log, "health round"),
+            every(min(s.health_interval_s, s.health_unhealthy_interval_s), self._health_round, log, "health round"),
             every(s.metrics_interval_s, self._metrics_round, log, "metrics round"),
             every(min(0.5, s.wedge_after_s / 4), self._watch, log, "wedge watchdog"),
         )
 
     async def _health_round(self) -> None:
-        await asyncio.gather(*(check_replica(self._client, r, self.settings) for r in list(self.registry)))
+        now = time.monotonic()
+        await asyncio.gather(*(check_replica(self._client, r, self.settings) for r in self.due(now)))
+
+    def due(self, now: float) -> list[ReplicaState]:
+        """Replicas whose check is due: every `health_interval_s` while
+        healthy, every `health_unhealthy_interval_s` while not."""
+        s = self.settings
+        return [
+            r
+            for r in self.registry
+            if now - r.last_check >= (s.health_interval_s if r.healthy else s.health_unhealthy_interval_s) - 0.01
+        ]
 
     async def _metrics_round(self) -> None:
         await asyncio.gather(*(scrape_metrics(self._client, r, self.settings) for r in list(self.registry)))

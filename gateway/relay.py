@@ -133,9 +133,17 @@ async def _attempts(state: RequestPathState, ctx: RequestContext, ranked: list, 
         with Inflight(replica, ctx):
             t_up = _perf()
             data = b""
+            chunks = None
             try:
                 resp = await post(replica.url + ctx.path, body, headers, headers_timeout)
-                if not (ctx.stream and resp.status == 200):
+                if ctx.stream and resp.status == 200:
+                    # The client gets its response headers with the first
+                    # event, not with the replica's headers (sent before
+                    # queueing and prefill): a replica that dies in between
+                    # is still a failover, not a stream cut.
+                    chunks = resp.chunks()
+                    data = await _first_chunk(resp, chunks)
+                else:
                     data = await _read_whole(resp)  # a whole response, an error body
             except (UpstreamConnectError, UpstreamBroken) as exc:
                 _failed(state, ctx, replica, "connect_error" if isinstance(exc, UpstreamConnectError) else "broken", exc)
@@ -158,8 +166,8 @@ async def _attempts(state: RequestPathState, ctx: RequestContext, ranked: list, 
                 continue
             ctx.t_upstream = t_up
             _answered(state, ctx, replica, span)
-            if ctx.stream and resp.status == 200:
-                await _relay_stream(state, ctx, resp, send, bodies.strip_usage)
+            if chunks is not None:
+                await _relay_stream(state, ctx, resp, chunks, data, send, bodies.strip_usage)
             else:
                 await _send_whole(state, ctx, resp, data, send)
             return
@@ -212,6 +220,15 @@ def _failed(state: RequestPathState, ctx: RequestContext, replica, outcome: str,
         "upstream attempt failed",
         extra={"fields": {"request_id": ctx.request_id, "replica": replica.name, "outcome": outcome, "error": str(exc)[:200] if exc else None}},
     )
+
+
+async def _first_chunk(resp, chunks) -> bytes:
+    """A stream's first body bytes (b"" for an empty body)."""
+    try:
+        return await anext(chunks, b"")
+    except BaseException:
+        resp.abort()
+        raise
 
 
 async def _read_whole(resp) -> bytes:
@@ -271,7 +288,7 @@ _STREAM_ENDS = {
 }
 
 
-async def _relay_stream(state: RequestPathState, ctx: RequestContext, resp, send, strip_usage: bool) -> None:
+async def _relay_stream(state: RequestPathState, ctx: RequestContext, resp, chunks, first: bytes, send, strip_usage: bool) -> None:
     """Relay a stream as its events arrive. A stream that cannot go on (the
     replica broke it, went silent past `read_timeout_s`, was found wedged, or
     the drain deadline came) ends with an SSE error event and `[DONE]`, never
@@ -288,17 +305,15 @@ async def _relay_stream(state: RequestPathState, ctx: RequestContext, resp, send
     ]
     headers += _extra_headers(ctx)
     status = 200
-    first = True
-    t_first = None
+    pending_overhead = True
+    t_first = _perf()
+    metrics.child(metrics.ttft, replica.name).observe(t_first - t_up)
     ended = None
     ctx.status = 200
     ctx.response_started = True
     await send({"type": "http.response.start", "status": 200, "headers": headers})
     try:
-        async for data in resp.chunks():
-            if t_first is None:
-                t_first = _perf()
-                metrics.child(metrics.ttft, replica.name).observe(t_first - t_up)
+        async for data in _prepend(first, chunks):
             out = tap.feed(data)
             if tap.usage is not None and ctx.usage is None:
                 # The stream's end is here (its usage chunk is the last before
@@ -307,8 +322,8 @@ async def _relay_stream(state: RequestPathState, ctx: RequestContext, resp, send
                 ctx.usage, ctx.spec_metrics = tap.usage, tap.metrics
             if out:
                 await send({"type": "http.response.body", "body": out, "more_body": True})
-                if first:
-                    first = False
+                if pending_overhead:
+                    pending_overhead = False
                     overhead = overhead_pre + (_perf() - t_first)
                     metrics.child(metrics.overhead, ctx.endpoint, "true").observe(overhead)
         rest = tap.tail()
@@ -340,6 +355,13 @@ async def _relay_stream(state: RequestPathState, ctx: RequestContext, resp, send
         await send({"type": "http.response.body", "body": body, "more_body": True})
     await send({"type": "http.response.body", "body": b""})
     ctx.usage, ctx.spec_metrics, ctx.status = tap.usage, tap.metrics, status
+
+
+async def _prepend(first: bytes, chunks):
+    if first:
+        yield first
+    async for data in chunks:
+        yield data
 
 
 async def end_stream_with_error(ctx: RequestContext, send, message: str, code: str) -> None:

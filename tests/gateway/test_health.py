@@ -59,3 +59,12 @@ def test_the_last_routable_replica_of_a_model_is_never_ejected():
     registry.get("a").unanswered_since = 0.0
     assert monitor.watch(100.0) == [] and seen == []
     assert registry.get("a").healthy
+
+
+def test_unhealthy_replicas_are_checked_more_often_than_healthy_ones():
+    monitor, registry, _ = _monitor(health_interval_s=2.0, health_unhealthy_interval_s=0.5)
+    a, b = registry.get("a"), registry.get("b")
+    a.last_check = b.last_check = 100.0
+    b.healthy = False
+    assert monitor.due(100.6) == [b]
+    assert monitor.due(102.0) == [a, b]

@@ -241,3 +241,18 @@ def test_a_replica_whose_engine_stalls_behind_a_live_api_is_ejected_by_progress(
     wait_for(lambda: replica.healthy, timeout=10)
     a.fake.control["stalled"] = False
     assert httpx.post(gw.url + "/v1/chat/completions", json=CHAT, headers=AUTH).headers["x-specgate-replica"] == "a"
+
+
+def test_a_stream_whose_replica_dies_after_its_headers_but_before_any_event_fails_over(start_backend, start_gateway):
+    a = start_backend(name="a")
+    b = start_backend(name="b")
+    gw = start_gateway([{"url": a.url, "name": "a"}, {"url": b.url, "name": "b"}])
+    a.fake.control["die_after_chunks"] = 0  # vLLM-like: headers at once, then the process dies before the first token
+    c = openai.OpenAI(base_url=gw.v1(), api_key=KEYS["alpha"], max_retries=0, timeout=20)
+    with c.chat.completions.with_streaming_response.create(
+        model="fake-model", messages=[{"role": "user", "content": "x"}], max_tokens=3, stream=True
+    ) as response:
+        assert response.headers["x-specgate-replica"] == "b"  # the client's headers come with the first event
+        text = "".join(ch.choices[0].delta.content or "" for ch in response.parse() if ch.choices)
+    assert text == " tok0 tok1 tok2"
+    assert a.fake.stats["requests"] == 1 and b.fake.stats["completed"] == 1
