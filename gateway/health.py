@@ -169,12 +169,14 @@ class HealthMonitor:
 
     def due(self, now: float) -> list[ReplicaState]:
         """Replicas whose check is due: every `health_interval_s` while
-        healthy, every `health_unhealthy_interval_s` while not."""
+        healthy, every `health_unhealthy_interval_s` while unhealthy or
+        while its breaker is open (a good check half-opens it)."""
         s = self.settings
         return [
             r
             for r in self.registry
-            if now - r.last_check >= (s.health_interval_s if r.healthy else s.health_unhealthy_interval_s) - 0.01
+            if now - r.last_check
+            >= (s.health_interval_s if r.healthy and r.breaker.opened_at is None else s.health_unhealthy_interval_s) - 0.01
         ]
 
     async def _metrics_round(self) -> None:

@@ -68,3 +68,6 @@ def test_unhealthy_replicas_are_checked_more_often_than_healthy_ones():
     b.healthy = False
     assert monitor.due(100.6) == [b]
     assert monitor.due(102.0) == [a, b]
+    a.breaker.on_failure(101.0)
+    a.breaker.opened_at = 101.0  # its breaker open: checked as often as an unhealthy one
+    assert monitor.due(100.6) == [a, b]
