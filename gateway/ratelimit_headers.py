@@ -11,6 +11,7 @@ and so how approximate the numbers are, is documented in docs/gateway.md.
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 from typing import Mapping
 
 from contract.store import WindowDecision
@@ -41,7 +42,7 @@ def ratelimit_headers(decision: WindowDecision, limits: Mapping[str, int], costs
     evaluated (a denial stops at the first field that does not fit), get no
     headers."""
     out: list[tuple[bytes, bytes]] = []
-    for field in ("requests", "tokens"):
+    for field, (limit_name, remaining_name, reset_name) in _NAMES:
         limit = limits.get(field, 0)
         used = decision.used.get(field)
         if not limit or used is None:
@@ -49,10 +50,27 @@ def ratelimit_headers(decision: WindowDecision, limits: Mapping[str, int], costs
         if not decision.allowed:
             used -= costs.get(field, 0)
         remaining = max(0, min(limit, math.floor(limit - used + 1e-9)))
-        name = field.encode()
         out += [
-            (b"x-ratelimit-limit-" + name, str(limit).encode()),
-            (b"x-ratelimit-remaining-" + name, str(remaining).encode()),
-            (b"x-ratelimit-reset-" + name, format_reset(decision.reset_s.get(field, 0.0)).encode()),
+            (limit_name, _number(limit)),
+            (remaining_name, str(remaining).encode()),
+            (reset_name, _reset(round(decision.reset_s.get(field, 0.0) * 1000))),
         ]
     return out
+
+
+# Header names, and the values that repeat request after request, built once
+# (these headers are on every budgeted response: the hot path).
+_NAMES = tuple(
+    (field, (b"x-ratelimit-limit-" + field.encode(), b"x-ratelimit-remaining-" + field.encode(), b"x-ratelimit-reset-" + field.encode()))
+    for field in ("requests", "tokens")
+)
+
+
+@lru_cache(maxsize=256)
+def _number(value: int) -> bytes:
+    return str(value).encode()
+
+
+@lru_cache(maxsize=8192)
+def _reset(ms: int) -> bytes:
+    return format_reset(ms / 1000).encode()
