@@ -176,6 +176,56 @@ def test_connections_beyond_the_cap_are_refused_and_slots_free_up(gw):
     assert wait_for(lambda: httpx.get(gateway.url + "/health", timeout=5).status_code == 200, timeout=5)
 
 
+def test_three_thousand_trickling_connections_are_closed_by_the_header_timeout_while_others_are_served(gw):
+    """The issue's probe: 3,000 connections trickling a header used to be held
+    open indefinitely. Under the default cap they are held only until the
+    header timeout, answered 408 and closed, and meanwhile another client's
+    /health is answered every time."""
+    import resource
+    import selectors
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    need = 2 * 3000 + 512  # client and server ends live in this one process
+    if soft < need:
+        if hard != resource.RLIM_INFINITY and hard < need:
+            pytest.skip(f"needs {need} file descriptors, the hard limit is {hard}")
+        resource.setrlimit(resource.RLIMIT_NOFILE, (need, hard))
+    gateway, _ = gw(header_timeout_s=3.0)
+    port = gateway.server.port
+    sel = selectors.DefaultSelector()  # epoll: select() stops at fd 1024
+    socks = []
+    try:
+        for _ in range(3000):
+            sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+            sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Slow: ")  # and never the rest
+            sock.setblocking(False)
+            sel.register(sock, selectors.EVENT_READ)
+            socks.append(sock)
+        held = gateway.server.server.server_state.connections
+        assert len(held) >= 2900  # under the default cap (4096): held, not refused
+        for _ in range(5):  # other clients are served while the 3,000 are held
+            assert httpx.get(gateway.url + "/health", timeout=5).status_code == 200
+        answers: dict[socket.socket, bytes] = {}
+        deadline = time.monotonic() + 30
+        while len(answers) < len(socks) and time.monotonic() < deadline:
+            for key, _ in sel.select(timeout=0.5):
+                try:
+                    data = key.fileobj.recv(65536)
+                except (BlockingIOError, ConnectionResetError):
+                    data = b""
+                answers[key.fileobj] = answers.get(key.fileobj, b"") + data
+                if not data or data.startswith(b"HTTP/1.1 408") or answers[key.fileobj].startswith(b"HTTP/1.1 408"):
+                    sel.unregister(key.fileobj)
+        assert len(answers) == 3000
+        assert all(a.startswith(b"HTTP/1.1 408 ") for a in answers.values())
+    finally:
+        for sock in socks:
+            sock.close()
+        sel.close()
+    assert wait_for(lambda: len(gateway.server.server.server_state.connections) < 10, timeout=10)
+    assert httpx.get(gateway.url + "/health", timeout=5).status_code == 200
+
+
 # -- /metrics on its own port -------------------------------------------------
 def test_metrics_on_a_separate_port(gw):
     mport = free_port()
