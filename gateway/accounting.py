@@ -97,10 +97,12 @@ class _View:
     """The last store decision seen for a tenant: what a lease hit can tell
     the client about the shared window (see `Accounting.lease_view`)."""
 
-    __slots__ = ("at", "used", "reset_s")
+    __slots__ = ("at", "used", "reset_s", "aged", "aged_s")
 
     def __init__(self, at: float, decision: WindowDecision) -> None:
         self.at, self.used, self.reset_s = at, decision.used, decision.reset_s
+        self.aged: WindowDecision | None = None  # the view as of `aged_s` whole seconds after `at`
+        self.aged_s = -1
 
 
 class _Lease:
@@ -169,6 +171,8 @@ class Accounting:
         self.guard.on_recover = self._reconcile
         self.local = LocalBudget(window_s)
         self._views: dict[str, _View] = {}
+        # tenant id -> (the decision its last x-ratelimit headers were built from, those headers)
+        self.headers_cache: dict[str, tuple[WindowDecision, list[tuple[bytes, bytes]]]] = {}
         self.lease_fraction = lease_fraction
         self.lease_s = lease_s
         self._leases: dict[str, _Lease] = {}
@@ -260,8 +264,14 @@ class Accounting:
         view = self._views.get(tenant_id)
         if view is None:
             return _LEASE_HIT
-        age = now - view.at
-        return WindowDecision(True, 0.0, view.used, None, {f: max(0.0, r - age) for f, r in view.reset_s.items()})
+        # One decision per whole second of age (resets are quoted to the
+        # second here): the same object request after request, so the admit
+        # stage reuses the headers it built from it (the hot path).
+        age = int(now - view.at)
+        if view.aged is None or view.aged_s != age:
+            view.aged_s = age
+            view.aged = WindowDecision(True, 0.0, view.used, None, {f: max(0.0, float(math.ceil(r - age))) for f, r in view.reset_s.items()})
+        return view.aged
 
     def _start_batch(self) -> None:
         """Send everything queued as one call. While a batch is in flight new

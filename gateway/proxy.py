@@ -85,23 +85,20 @@ class CompletionEndpoint:
                 ctx.session = value.decode("latin-1")
         task = asyncio.current_task()
         inflight.add(task, ctx)
+        tracing = state.tracing
         try:
-            await self._traced(ctx, receive, send)
+            if not tracing.enabled:
+                await self._handle(ctx, receive, send)
+                return
+            root = ctx.root = tracing.start("specgate.request", tracing.extract(ctx.traceparent, ctx.tracestate), "server", {"http.route": self.path})
+            try:
+                ctx.root_ctx = tracing.context_of(root)
+                status = await self._handle(ctx, receive, send)
+                root.set_attribute("http.status_code", status)
+            finally:
+                root.end()
         finally:
             inflight.discard(task)
-
-    async def _traced(self, ctx: RequestContext, receive, send) -> None:
-        tracing = self.state.tracing
-        if not tracing.enabled:
-            await self._handle(ctx, receive, send)
-            return
-        root = ctx.root = tracing.start("specgate.request", tracing.extract(ctx.traceparent, ctx.tracestate), "server", {"http.route": self.path})
-        try:
-            ctx.root_ctx = tracing.context_of(root)
-            status = await self._handle(ctx, receive, send)
-            root.set_attribute("http.status_code", status)
-        finally:
-            root.end()
 
     async def _handle(self, ctx: RequestContext, receive, send) -> int:
         state = self.state

@@ -139,7 +139,16 @@ async def admit(state: RequestPathState, ctx: RequestContext) -> None:
     if decision is None:  # unlimited tenant, or unmetered while the store is down
         return
     rpm, tpm = tenant.requests_per_minute, tenant.tokens_per_minute
-    headers = ratelimit_headers(decision, {"requests": rpm, "tokens": tpm}, {"requests": 1, "tokens": min(estimate, tpm)})
+    # Per-request decisions are new objects every time; a lease hit returns
+    # the same view object for a second, and its headers are the same bytes.
+    cache = state.accounting.headers_cache
+    cached = cache.get(tenant.id)
+    if cached is not None and cached[0] is decision:
+        headers = cached[1]
+    else:
+        headers = ratelimit_headers(decision, {"requests": rpm, "tokens": tpm}, {"requests": 1, "tokens": min(estimate, tpm)})
+        if decision.allowed:
+            cache[tenant.id] = (decision, headers)
     if not decision.allowed:
         metrics = state.metrics
         limit = "tokens" if decision.denied_field == "tokens" else "requests"

@@ -31,6 +31,7 @@ class FakeAccounting:
     def __init__(self, decision=None, reserved=0, error: Exception | None = None) -> None:
         self.decision, self.reserved, self.error = decision, reserved, error
         self.calls: list[tuple] = []
+        self.headers_cache: dict = {}
 
     async def reserve(self, tenant, estimate):
         if self.error is not None:
