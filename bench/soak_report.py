@@ -118,6 +118,45 @@ def build_windows(result: dict) -> list[dict]:
 # budgets
 
 
+def rolling_usage(rs: list[dict], window_s: float) -> list[tuple[float, int, int]]:
+    """(time, requests, tokens) admitted in the `window_s` ending at each admission of `rs` (sorted by send time)."""
+    out, j, toks = [], 0, 0
+    for i, r in enumerate(rs):
+        toks += r["tokens"] or 0
+        while rs[j]["t_send"] <= r["t_send"] - window_s:
+            toks -= rs[j]["tokens"] or 0
+            j += 1
+        out.append((r["t_send"], i - j + 1, toks))
+    return out
+
+
+def weighted_usage(rs: list[dict], window_s: float, wall0: float) -> list[tuple[float, float, float]]:
+    """(time, requests, tokens) by the store's own measure at each admission of `rs`: sliding
+    windows weighted by the previous one (previous bucket x (1 - elapsed share of the current) +
+    current bucket, buckets aligned to the epoch), from the bench's clock (`wall0` + send time)."""
+    buckets: dict[int, list[float]] = defaultdict(lambda: [0.0, 0.0])
+    out = []
+    for r in rs:
+        e = wall0 + r["t_send"]
+        idx = int(e // window_s)
+        elapsed = (e - idx * window_s) / window_s
+        cur = buckets[idx]
+        cur[0] += 1
+        cur[1] += r["tokens"] or 0
+        prev = buckets.get(idx - 1, [0.0, 0.0])
+        out.append((r["t_send"], prev[0] * (1 - elapsed) + cur[0], prev[1] * (1 - elapsed) + cur[1]))
+    return out
+
+
+def peak(series, start: float = float("-inf"), end: float = float("inf"), exclude: list[tuple[float, float]] = ()) -> tuple:
+    """Highest requests and highest tokens of a usage series over points in [start, end), outside `exclude`."""
+    best_n = best_t = 0
+    for t, n, toks in series:
+        if start <= t < end and not any(a <= t < b for a, b in exclude):
+            best_n, best_t = max(best_n, n), max(best_t, toks)
+    return best_n, best_t
+
+
 class Budget:
     """Rolling admitted requests / tokens per budgeted tenant (admitted = answered 200)."""
 
@@ -128,69 +167,28 @@ class Budget:
         for r in recs:
             if r["tenant"] in self.limits and r["status"] == 200:
                 self.adm[r["tenant"]].append(r)
-        self.roll: dict[str, list[tuple[float, int, int]]] = {}
-        for tenant, rs in self.adm.items():
+        for rs in self.adm.values():
             rs.sort(key=lambda r: r["t_send"])
-            out, j, toks = [], 0, 0
-            for i, r in enumerate(rs):
-                toks += r["tokens"] or 0
-                while rs[j]["t_send"] <= r["t_send"] - window_s:
-                    toks -= rs[j]["tokens"] or 0
-                    j += 1
-                out.append((r["t_send"], i - j + 1, toks))
-            self.roll[tenant] = out
-        # The gateway's own measure (contract/store: sliding windows weighted by the previous
-        # one): previous bucket x (1 - elapsed share of the current) + current bucket, buckets
-        # aligned to the epoch. Reconstructed at each admission from the bench's clock.
-        self.est: dict[str, list[tuple[float, float, float]]] = {}
+        self.roll = {tenant: rolling_usage(rs, window_s) for tenant, rs in self.adm.items()}
+        # The gateway's own measure, reconstructed at each admission.
         self.wall0 = wall0
-        if wall0 is not None:
-            for tenant, rs in self.adm.items():
-                buckets: dict[int, list[float]] = defaultdict(lambda: [0.0, 0.0])
-                out2 = []
-                for r in rs:
-                    e = wall0 + r["t_send"]
-                    idx = int(e // window_s)
-                    elapsed = (e - idx * window_s) / window_s
-                    cur = buckets[idx]
-                    cur[0] += 1
-                    cur[1] += r["tokens"] or 0
-                    prev = buckets.get(idx - 1, [0.0, 0.0])
-                    out2.append((r["t_send"], prev[0] * (1 - elapsed) + cur[0], prev[1] * (1 - elapsed) + cur[1]))
-                self.est[tenant] = out2
+        self.est = {} if wall0 is None else {tenant: weighted_usage(rs, window_s, wall0) for tenant, rs in self.adm.items()}
 
     def est_in(self, tenant: str, start: float, end: float, exclude: list[tuple[float, float]] = ()) -> tuple[float, float]:
         """Highest weighted-window usage (requests, tokens) the gateway's store would have seen in [start, end)."""
-        best_n = best_t = 0.0
-        for t, n, toks in self.est.get(tenant, ()):
-            if start <= t < end and not any(a <= t < b for a, b in exclude):
-                best_n, best_t = max(best_n, n), max(best_t, toks)
-        return best_n, best_t
+        return peak(self.est.get(tenant, ()), start, end, exclude)
 
     def max_in(self, tenant: str, start: float, end: float, exclude: list[tuple[float, float]] = ()) -> tuple[int, int]:
         """Most requests / tokens admitted in a rolling window ending in [start, end)."""
-        best_n = best_t = 0
-        for t, n, toks in self.roll.get(tenant, ()):
-            if start <= t < end and not any(a <= t < b for a, b in exclude):
-                best_n, best_t = max(best_n, n), max(best_t, toks)
-        return best_n, best_t
+        return peak(self.roll.get(tenant, ()), start, end, exclude)
+
+    def _per_gateway(self, tenant: str, start: float, end: float) -> dict[str, list[dict]]:
+        rs = [r for r in self.adm.get(tenant, ()) if start <= r["t_send"] < end]
+        return {gw: [r for r in rs if r["gw"] == gw] for gw in sorted({r["gw"] for r in rs})}
 
     def per_instance(self, tenant: str, start: float, end: float) -> dict[str, tuple[int, int]]:
         """Per gateway: most requests / tokens admitted within [start, end) in any rolling window."""
-        out = {}
-        rs = [r for r in self.adm.get(tenant, ()) if start <= r["t_send"] < end]
-        for gw in sorted({r["gw"] for r in rs}):
-            mine = [r for r in rs if r["gw"] == gw]
-            best_n = best_t = 0
-            j = toks = 0
-            for i, r in enumerate(mine):
-                toks += r["tokens"] or 0
-                while mine[j]["t_send"] <= r["t_send"] - self.window_s:
-                    toks -= mine[j]["tokens"] or 0
-                    j += 1
-                best_n, best_t = max(best_n, i - j + 1), max(best_t, toks)
-            out[gw] = (best_n, best_t)
-        return out
+        return {gw: peak(rolling_usage(mine, self.window_s)) for gw, mine in self._per_gateway(tenant, start, end).items()}
 
     def per_instance_weighted(self, tenant: str, start: float, end: float) -> dict[str, tuple[float, float]]:
         """Per gateway: the highest usage of its local window during [start, end) -- what
@@ -199,23 +197,7 @@ class Budget:
         outage's start (the local window starts empty)."""
         if self.wall0 is None:
             return {}
-        out = {}
-        rs = [r for r in self.adm.get(tenant, ()) if start <= r["t_send"] < end]
-        for gw in sorted({r["gw"] for r in rs}):
-            buckets: dict[int, list[float]] = defaultdict(lambda: [0.0, 0.0])
-            best_n = best_t = 0.0
-            for r in (r for r in rs if r["gw"] == gw):
-                e = self.wall0 + r["t_send"]
-                idx = int(e // self.window_s)
-                elapsed = (e - idx * self.window_s) / self.window_s
-                cur = buckets[idx]
-                cur[0] += 1
-                cur[1] += r["tokens"] or 0
-                prev = buckets.get(idx - 1, [0.0, 0.0])
-                best_n = max(best_n, prev[0] * (1 - elapsed) + cur[0])
-                best_t = max(best_t, prev[1] * (1 - elapsed) + cur[1])
-            out[gw] = (best_n, best_t)
-        return out
+        return {gw: peak(weighted_usage(mine, self.window_s, self.wall0)) for gw, mine in self._per_gateway(tenant, start, end).items()}
 
     def describe(self, tenant: str) -> str:
         t = self.limits[tenant]
