@@ -209,7 +209,15 @@ def _shutdown_check(ctx: RequestContext) -> None:
     to retry elsewhere (not a cut connection)."""
     if ctx.abort_reason == "shutdown" and not ctx.client_gone:
         asyncio.current_task().uncancel()
-        raise GatewayError(503, "The gateway is shutting down; retry the request.", code="shutting_down", headers=[_RETRY_1])
+        raise abort_error("shutdown")
+
+
+def abort_error(reason: str) -> GatewayError:
+    """The 503 (retry) for a request the gateway ended itself, by `abort`'s
+    reason, before the client was sent a byte."""
+    if reason == "shutdown":
+        return GatewayError(503, "The gateway is shutting down; retry the request.", code="shutting_down", headers=[_RETRY_1])
+    return GatewayError(503, "The model replica stopped making progress; retry the request.", code="no_healthy_replica", headers=[_RETRY_1])
 
 
 def _failed(state: RequestPathState, ctx: RequestContext, replica, outcome: str, exc: BaseException | None = None) -> None:
@@ -351,9 +359,9 @@ async def _relay_stream(state: RequestPathState, ctx: RequestContext, resp, chun
         raise
     if ended is not None and not tap.saw_done:
         message, code, status = _STREAM_ENDS[ended]
-        body = error_event(f"{message} (request id {ctx.request_id})", code) + _DONE
-        await send({"type": "http.response.body", "body": body, "more_body": True})
-    await send({"type": "http.response.body", "body": b""})
+        await end_stream_with_error(ctx, send, message, code)
+    else:
+        await send({"type": "http.response.body", "body": b""})
     ctx.usage, ctx.spec_metrics, ctx.status = tap.usage, tap.metrics, status
 
 
@@ -365,8 +373,8 @@ async def _prepend(first: bytes, chunks):
 
 
 async def end_stream_with_error(ctx: RequestContext, send, message: str, code: str) -> None:
-    """In-band end of a stream whose headers are out (used by the settle
-    stage for failures outside the relay loop)."""
+    """In-band end of a stream whose headers are out: an SSE error event
+    carrying the request id, `[DONE]`, end of body."""
     body = error_event(f"{message} (request id {ctx.request_id})", code) + _DONE
     await send({"type": "http.response.body", "body": body, "more_body": True})
     await send({"type": "http.response.body", "body": b""})

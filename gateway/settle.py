@@ -19,7 +19,7 @@ from contract.telemetry import RequestSpecStats
 from .asgi_io import ClientGone, send_error
 from .deps import RequestPathState
 from .errors import GatewayError
-from .relay import end_stream_with_error
+from .relay import abort_error, end_stream_with_error
 from .request_context import RequestContext
 
 log = logging.getLogger("specgate.gateway.proxy")
@@ -80,12 +80,7 @@ async def on_error(state: RequestPathState, ctx: RequestContext, exc: BaseExcept
             if ctx.reserved_live and not ctx.response_started:
                 state.accounting.refund_request(ctx.tenant, ctx.reserved)
             state.metrics.child(state.metrics.aborted, ctx.abort_reason, "error_response").inc()
-            message = (
-                "The gateway is shutting down; retry the request."
-                if ctx.abort_reason == "shutdown"
-                else "The model replica stopped making progress; retry the request."
-            )
-            await _try_send_error(send, ctx, GatewayError(503, message, code="shutting_down" if ctx.abort_reason == "shutdown" else "no_healthy_replica", headers=[(b"retry-after", b"1")]))
+            await _try_send_error(send, ctx, abort_error(ctx.abort_reason))
         else:
             return False  # cancelled from outside (server shutdown): propagate
         asyncio.current_task().uncancel()
