@@ -26,6 +26,18 @@ def _redis_answers(url: str) -> bool:
         return False
 
 
+def wait_for(predicate, timeout: float = 5.0, interval: float = 0.05):
+    """Poll `predicate` until it returns something truthy (returned), or fail after `timeout` s."""
+    deadline = time.time() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.time() > deadline:
+            raise AssertionError("condition not met within %.1fs" % timeout)
+        time.sleep(interval)
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

@@ -6,18 +6,7 @@ import asyncio
 
 import pytest
 
-from contract.store import MemoryStore
 from contract.store.redis_store import RedisStore
-
-
-@pytest.fixture(params=["memory", "redis"])
-async def store(request, redis_url, redis_prefix):
-    if request.param == "memory":
-        yield MemoryStore(prefix=redis_prefix)
-        return
-    s = RedisStore(redis_url, prefix=redis_prefix)
-    yield s
-    await s.close()
 
 
 async def test_json_values_and_ttl(store):

@@ -113,16 +113,6 @@ async def test_redis_retry_after_matches_the_sliding_window(redis_url, redis_pre
         await store.close()
 
 
-@pytest.fixture(params=["memory", "redis"])
-async def store(request, redis_url, redis_prefix):
-    if request.param == "memory":
-        yield MemoryStore(prefix=redis_prefix)
-        return
-    s = RedisStore(redis_url, prefix=redis_prefix)
-    yield s
-    await s.close()
-
-
 async def test_heartbeat_counts_live_members(store):
     assert await store.heartbeat("hb", "a", 0.3) == 1
     assert await store.heartbeat("hb", "b", 0.3) == 2

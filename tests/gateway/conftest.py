@@ -18,7 +18,7 @@ from tests.support.fake_openai_backend import FakeBackend
 from gateway.app import create_app
 from gateway.server import GatewayServer, build_config, find_gateway
 from contract.settings import hash_key, load_settings
-from tests.conftest import free_port
+from tests.conftest import free_port, wait_for  # noqa: F401 - wait_for is re-exported to the gateway tests
 
 KEYS = {"alpha": "sk-alpha-0123456789", "beta": "sk-beta-0123456789", "gamma": "sk-gamma-0123456789"}
 
@@ -128,16 +128,6 @@ def start_gateway(redis_url, redis_prefix) -> Callable[..., Gateway]:
     for gw in started:
         gw.server.stop()
 
-
-def wait_for(predicate: Callable[[], Any], timeout: float = 5.0, interval: float = 0.05) -> Any:
-    deadline = time.time() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.time() > deadline:
-            raise AssertionError("condition not met within %.1fs" % timeout)
-        time.sleep(interval)
 
 
 def backend_requests(backend: Backend) -> list[dict[str, Any]]:

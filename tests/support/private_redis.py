@@ -9,17 +9,7 @@ import subprocess
 
 import redis
 
-from tests.conftest import free_port
-
-
-def wait_for(predicate, timeout: float = 10.0, interval: float = 0.05):
-    import time
-
-    deadline = time.time() + timeout
-    while not predicate():
-        if time.time() > deadline:
-            raise AssertionError("condition not met within %.1fs" % timeout)
-        time.sleep(interval)
+from tests.conftest import free_port, wait_for
 
 
 class PrivateRedis:
