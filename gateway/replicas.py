@@ -128,17 +128,6 @@ class Registry:
         """{replica name: (monotonic time, latest scrape | None)} for replicas scraped at least once."""
         return {r.name: (r.snapshot_at, r.snapshot) for r in self.replicas.values() if r.snapshot_at}
 
-    def known_models(self) -> set[str]:
-        """Every model any replica was configured with or listed when last
-        reached, healthy or not (what `/v1/models` lists and what answers 503,
-        not 404, while its replicas are down)."""
-        out: set[str] = set()
-        for r in self.replicas.values():
-            out |= r.models
-            if r.configured_model:
-                out.add(r.configured_model)
-        return out
-
     def model_cards(self) -> list[dict[str, Any]]:
         """/v1/models entries: the healthy replicas' cards first (first card
         per id wins), then those of replicas that are down: the cards they
