@@ -69,7 +69,7 @@ class GatewayState:
         budget store down when budgets fail closed (`budget_failure_mode:
         deny`); the store's state is reported either way."""
         healthy = any(r.healthy for r in self.registry)
-        store_up = getattr(self.accounting, "store_up", True) if self.accounting is not None else True
+        store_up = self.accounting.store_up if self.accounting is not None else True  # before start-up: not known down
         fails_closed = self.settings.gateway.budget_failure_mode == "deny"
         ok = healthy and not self.draining and (store_up or not fails_closed)
         return ok, {
