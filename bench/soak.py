@@ -35,9 +35,20 @@ before, to see the drain deadline) and restarted once it has exited.
 Every request is classified (bench/soak_report.py): ok, failed with a status
 (per status and error code), stream ended with an SSE error event, cut
 silently (ended without [DONE] and without an error event), connection error,
-hung; which replica served it (`x-specgate-replica`). The report prints a
-summary row and a detail block per window (the fault's span plus
-`--margin`), then one PASS/FAIL line per "Done when" criterion of issue 13.
+hung; which replica served it (`x-specgate-replica`). Every response's text is
+checked against the sim replicas' deterministic output
+(`drafters.sim.server.synthetic_text(0, max_tokens)`; the requests are
+`ignore_eos`): byte-identical when complete -- a stream the gateway continued
+on another replica after a kill included (issue 14) -- a prefix when it ended
+early. The gateways' /metrics are scraped at the start, every
+`METRICS_INTERVAL_S` and at the end, for the run's deltas of
+`specgate_continuations_total{outcome}`, the re-prefilled tokens, the splice
+latency histogram and `specgate_upstream_attempts_total` (missing series count
+as 0; the report says when the continuation metrics are absent). The report
+prints a summary row and a detail block per window (the fault's span plus
+`--margin`), a stream-continuation block, then one PASS/FAIL line per "Done
+when" criterion of issue 13 and two for issue 14 (token-exact text; >= 99% of
+broken streams continued, none silently cut).
 
     .venv/bin/python bench/soak.py --rps 200                     # the issue's run (~7 min)
     .venv/bin/python bench/soak.py --quick --rps 30              # compressed schedule, 240 s
@@ -67,6 +78,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import ClassVar
@@ -79,10 +91,17 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import soak_report
+from drafters.sim.server import synthetic_text  # the sim replicas' deterministic output (token-exactness check)
+
+try:
+    from orjson import loads as _loads
+except ImportError:  # pragma: no cover
+    _loads = json.loads
 
 MODEL = "soak-sim"
 PROFILE = "dspark-b8"
 FAULT_KINDS = ("kill", "stop", "redis", "hostile", "gateway")
+METRICS_INTERVAL_S = 2.0  # gateways' /metrics scrape for the run's continuation / attempt deltas
 WORDS = ("lorem", "ipsum", "dolor", "sit", "amet", "heat", "pump", "merge", "interval", "cache", "query", "ticket",
          "summary", "autumn", "printing", "press", "customer", "revenue", "month", "python", "function", "tests")
 
@@ -322,6 +341,65 @@ async def http_ok(session: aiohttp.ClientSession, url: str, timeout_s: float = 1
 # the bench
 
 
+METRIC_PREFIXES = ("specgate_continuation", "specgate_upstream_attempts")  # the gateway series the report sums
+
+
+def metric_samples(text: str) -> tuple[dict, set]:
+    """The samples of the METRIC_PREFIXES families in a /metrics exposition, parsed by
+    prometheus_client's parser (only those lines are handed to it): {(sample name, labels as a sorted
+    tuple): value} (no `_created`), and the names of the families present."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    def wanted(line: str) -> bool:
+        if line.startswith("#"):
+            parts = line.split(" ", 3)
+            return len(parts) > 2 and parts[2].startswith(METRIC_PREFIXES)
+        return line.startswith(METRIC_PREFIXES)
+
+    kept = [line for line in text.splitlines() if wanted(line)]
+    samples, families = {}, set()
+    for fam in text_string_to_metric_families("\n".join(kept) + "\n"):
+        if not fam.name.endswith("_created"):
+            families.add(fam.name)
+        for smp in fam.samples:
+            if not smp.name.endswith("_created"):
+                samples[(smp.name, tuple(sorted(smp.labels.items())))] = smp.value
+    return samples, families
+
+
+class MetricDeltas:
+    """Counter (and histogram bucket) series summed over both gateways from the run's start to its
+    end. Each gateway is scraped every few seconds: within one process a series adds what it grew by
+    since the last scrape (a drop counts as a reset: its new value counts in full), and a new process
+    (a restarted gateway) counts in full, so a restart loses only what the old process counted after
+    its last scrape."""
+
+    def __init__(self, interval_s: float):
+        self.interval_s = interval_s
+        self.last: dict[str, tuple[int | None, dict]] = {}
+        self.total: dict = defaultdict(float)
+        self.families: set = set()
+        self.scrapes: Counter = Counter()
+        self.failures: Counter = Counter()
+
+    def observe(self, gw: str, pid: int | None, samples: dict, families: set, baseline: bool = False) -> None:
+        self.scrapes[gw] += 1
+        self.families |= families
+        last_pid, prev = self.last.get(gw, (None, {}))
+        if last_pid != pid:
+            prev = {}
+        if not baseline:
+            for key, value in samples.items():
+                before = prev.get(key, 0.0)
+                self.total[key] += value - before if value >= before else value
+        self.last[gw] = (pid, {**prev, **samples})
+
+    def to_json(self) -> dict:
+        return {"interval_s": self.interval_s, "families": sorted(self.families), "scrapes": dict(self.scrapes),
+                "failures": dict(self.failures),
+                "series": [[name, dict(labels), value] for (name, labels), value in sorted(self.total.items())]}
+
+
 class Req:
     __slots__ = soak_report.REQ_FIELDS
 
@@ -368,6 +446,7 @@ class Soak:
         self.samples: list[list] = []  # [t, gw, rss_mb, fds, cpu_s, new_log_lines, tracebacks]
         self.lag: list[list] = []  # [t, event-loop lag s]
         self.hostile: dict = {}
+        self.gw_metrics = MetricDeltas(METRICS_INTERVAL_S)
         self.client_cap_skips = 0
         self.inflight: set[asyncio.Task] = set()
         self.running = True
@@ -504,10 +583,12 @@ class Soak:
 
     async def _request(self, session: aiohttp.ClientSession, rec: Req, body: bytes) -> None:
         gw = self.gateways[rec.gw]
-        path = "/v1/chat/completions" if rec.endpoint == "chat" else "/v1/completions"
+        chat = rec.endpoint == "chat"
+        path = "/v1/chat/completions" if chat else "/v1/completions"
         headers = {"Authorization": f"Bearer {api_key(rec.tenant)}", "Content-Type": "application/json"}
         last = rec.t_send
         gap = 0.0
+        pieces: list[str] = []  # the text the client received, checked against the sim's synthetic text
         try:
             async with session.post(f"http://127.0.0.1:{gw.port}{path}", data=body, headers=headers) as resp:
                 now = self.now()
@@ -536,22 +617,22 @@ class Soak:
                         rec.chunks += 1
                         if rec.t_first is None:
                             rec.t_first = now
-                        if b'"error"' in payload:
-                            code = sse_error(payload)
-                            if code is not None:
-                                rec.error_event = True
-                                rec.code = code
-                                rec.t_error = now
-                        elif b'"total_tokens"' in payload:
-                            rec.tokens = usage_tokens(payload)
+                        obj = parse_json(payload)
+                        code = sse_error(obj)
+                        if code is not None:
+                            rec.error_event = True
+                            rec.code = code
+                            rec.t_error = now
+                        elif isinstance(obj, dict):
+                            read_chunk(obj, chat, pieces, rec)
                     rec.outcome = "error_event" if rec.error_event else ("ok" if rec.done else "cut")
                 else:
                     raw = await resp.read()
-                    try:
-                        data = json.loads(raw)
-                        rec.tokens = (data.get("usage") or {}).get("total_tokens")
+                    data = parse_json(raw)
+                    if isinstance(data, dict):
+                        read_body(data, chat, pieces, rec)
                         rec.outcome = "ok" if data.get("choices") is not None else "cut"
-                    except ValueError:
+                    else:
                         rec.outcome = "cut"
                         rec.err = "truncated JSON body"
         except (aiohttp.ClientError, OSError, asyncio.IncompleteReadError) as exc:
@@ -568,6 +649,8 @@ class Soak:
             end = self.now()
             rec.t_end = end
             rec.max_gap = max(gap, end - last)
+            if rec.status == 200:  # a request still open here (hung, cancelled) is checked as a partial text
+                rec.text_check, rec.text_diff = text_check("".join(pieces), rec.max_tokens, rec.outcome == "ok")
 
     # -- watchers -------------------------------------------------------------
 
@@ -663,14 +746,44 @@ class Soak:
             self.event(kind=ev["kind"], at=self.now(), error=f"{type(exc).__name__}: {exc}")
             print(f"[soak] fault {ev['kind']} failed: {exc}", file=sys.stderr)
 
+    async def metrics_text(self, session, p: Proc) -> str | None:
+        """A gateway's /metrics exposition (None: not readable). With `metrics_port` it is read there,
+        with `metrics_token` with that bearer token."""
+        port = self.settings.get("metrics_port") or p.port
+        token = self.settings.get("metrics_token")
+        headers = {"Authorization": f"Bearer {token}"} if token else None
+        try:
+            async with session.get(f"http://127.0.0.1:{port}/metrics", headers=headers,
+                                   timeout=aiohttp.ClientTimeout(total=2)) as r:
+                text = await r.text()
+                return text if r.status == 200 else None
+        except (TimeoutError, aiohttp.ClientError, OSError):
+            return None
+
+    async def scrape_metrics(self, session, baseline: bool = False) -> None:
+        """One scrape of every running gateway into the run's metric deltas (`baseline`: the start)."""
+        for name, p in self.gateways.items():
+            if not p.alive() or p.stopped:
+                continue
+            pid = p.pid
+            text = await self.metrics_text(session, p)
+            if text is None:
+                self.gw_metrics.failures[name] += 1
+                continue
+            samples, families = await asyncio.to_thread(metric_samples, text)
+            self.gw_metrics.observe(name, pid, samples, families, baseline)
+
+    async def metrics_poller(self, session) -> None:
+        while self.running:
+            await asyncio.sleep(METRICS_INTERVAL_S)
+            await self.scrape_metrics(session)
+
     async def attempts(self, session) -> dict:
         """Each gateway's `specgate_upstream_attempts_total` by "replica|outcome" (None: not readable)."""
         out: dict = {}
         for name, p in self.gateways.items():
-            try:
-                async with session.get(f"http://127.0.0.1:{p.port}/metrics", timeout=aiohttp.ClientTimeout(total=2)) as r:
-                    text = await r.text() if r.status == 200 else ""
-            except (TimeoutError, aiohttp.ClientError, OSError):
+            text = await self.metrics_text(session, p)
+            if text is None:
                 out[name] = None
                 continue
             counts = {}
@@ -855,11 +968,12 @@ class Soak:
             print("[soak] starting redis, replicas and gateways ...", file=sys.stderr)
             self.session = session
             await self.start_stack(side)
+            await self.scrape_metrics(side, baseline=True)
             self.t0 = time.monotonic()
             self.wall0 = time.time()
             print(f"[soak] load for {self.plan.duration_s:g} s at {self.plan.rps:g} req/s", file=sys.stderr)
             watchers = [asyncio.create_task(c) for c in (self.rotation(side), self.health_probe(), self.lag_monitor(),
-                                                         self.sampler(), self.progress())]
+                                                         self.sampler(), self.progress(), self.metrics_poller(side))]
             schedule = asyncio.create_task(self.run_schedule(side))
             await self.arrivals(session)
             # let the in-flight requests finish (each is bounded by hang_s)
@@ -867,6 +981,7 @@ class Soak:
                 await asyncio.wait(list(self.inflight), timeout=self.plan.hang_s + 5)
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(asyncio.shield(schedule), 90)
+            await self.scrape_metrics(side)  # the end of the run's deltas
             self.running = False
             for t in [*watchers, schedule, *self.inflight]:
                 t.cancel()
@@ -917,6 +1032,7 @@ class Soak:
             "samples": self.samples,
             "lag": self.lag,
             "client_cap_skips": self.client_cap_skips,
+            "gateway_metrics": self.gw_metrics.to_json(),
             "fields": list(soak_report.REQ_FIELDS),
             "records": [r.row() for r in self.records],
         }
@@ -930,11 +1046,15 @@ def error_code(raw: bytes) -> str:
         return "non-json"
 
 
-def sse_error(payload: bytes) -> str | None:
+def parse_json(raw: bytes):
     try:
-        obj = json.loads(payload)
+        return _loads(raw)
     except ValueError:
         return None
+
+
+def sse_error(obj) -> str | None:
+    """The error code of an SSE error event (`data: {"error": ...}`), else None."""
     if isinstance(obj, dict) and "error" in obj:
         err = obj["error"]
         if isinstance(err, dict):
@@ -943,11 +1063,49 @@ def sse_error(payload: bytes) -> str | None:
     return None
 
 
-def usage_tokens(payload: bytes) -> int | None:
-    try:
-        return (json.loads(payload).get("usage") or {}).get("total_tokens")
-    except (ValueError, AttributeError):
-        return None
+def _usage(obj: dict, rec: Req) -> None:
+    usage = obj.get("usage")
+    if isinstance(usage, dict):
+        rec.tokens = usage.get("total_tokens")
+        rec.ctoks = usage.get("completion_tokens")
+
+
+def read_chunk(obj: dict, chat: bool, pieces: list[str], rec: Req) -> None:
+    """One stream chunk: its text into `pieces`, its usage, and token ids the client did not ask for."""
+    _read(obj, "delta" if chat else None, pieces, rec)
+
+
+def read_body(data: dict, chat: bool, pieces: list[str], rec: Req) -> None:
+    """A whole (non-streaming) response: as `read_chunk`."""
+    _read(data, "message" if chat else None, pieces, rec)
+
+
+def _read(obj: dict, chat_field: str | None, pieces: list[str], rec: Req) -> None:
+    for c in obj.get("choices") or ():
+        if not isinstance(c, dict):
+            continue
+        text = (c.get(chat_field) or {}).get("content") if chat_field else c.get("text")
+        if isinstance(text, str):
+            pieces.append(text)
+        if c.get("token_ids") is not None or c.get("prompt_token_ids") is not None:
+            rec.ids_leak = True
+    if obj.get("prompt_token_ids") is not None:
+        rec.ids_leak = True
+    _usage(obj, rec)
+
+
+def text_check(text: str, max_tokens: int, complete: bool) -> tuple[str, str | None]:
+    """The text a client received against the sim replicas' deterministic output: every request is
+    `ignore_eos`, so a complete response is exactly `synthetic_text(0, max_tokens)` (byte-identical,
+    also when the gateway continued it on another replica); a partial one (error event, cut, hung)
+    must be a prefix of it. ("exact" | "prefix" | "mismatch", what differs)."""
+    want = synthetic_text(0, max_tokens)
+    if complete and text == want:
+        return "exact", None
+    if not complete and want.startswith(text):
+        return "prefix", None
+    i = next((k for k, (a, b) in enumerate(zip(text, want)) if a != b), min(len(text), len(want)))
+    return "mismatch", f"at char {i} of {len(text)} (want {len(want)}): got {text[i:i + 30]!r}, want {want[i:i + 30]!r}"
 
 
 # ---------------------------------------------------------------------------

@@ -21,6 +21,17 @@ Definitions (also in docs/benchmarks.md):
 * stall = the longest time a client waited for anything: for streams the
   largest gap between send, headers, events and the end; for the rest, the
   whole request.
+* token-exact: every request is `ignore_eos` against sim replicas whose output
+  is deterministic, so a complete response's text must be byte-identical to
+  `synthetic_text(0, max_tokens)` (a stream the gateway continued on another
+  replica included) and its usage must count `max_tokens` completion tokens; a
+  stream that ended early (error event, cut, hung) must be a prefix of it.
+* broken stream = one that had its first byte from a replica before that
+  replica was SIGKILLed or SIGSTOPped and was still open then. The gateways'
+  `specgate_continuations_total{outcome}` (and prefill tokens, the splice
+  histogram, `specgate_upstream_attempts_total`) are summed over both
+  instances from the run's start to its end; the verdict counts
+  continued / (continued + broken streams that ended with an error event).
 """
 
 from __future__ import annotations
@@ -31,6 +42,7 @@ from collections import Counter, defaultdict
 REQ_FIELDS = (
     "id", "kind", "gw", "tenant", "stream", "endpoint", "max_tokens", "t_send", "t_hdr", "t_first", "t_end", "status",
     "code", "replica", "retry_after", "outcome", "error_event", "t_error", "done", "chunks", "tokens", "max_gap", "err",
+    "ctoks", "text_check", "text_diff", "ids_leak",
 )  # fmt: skip
 
 BAD = ("error_event", "cut", "conn_error", "hung")
@@ -54,7 +66,8 @@ def fmt_ms(x: float | None) -> str:
 
 def records_of(result: dict) -> list[dict]:
     fields = result["fields"]
-    return [dict(zip(fields, row)) for row in result["records"]]
+    missing = {f: None for f in REQ_FIELDS if f not in fields}  # an earlier run's result.json
+    return [{**missing, **dict(zip(fields, row))} for row in result["records"]]
 
 
 def end_of(r: dict) -> float:
@@ -308,7 +321,8 @@ def render(result: dict) -> str:
       f"{plan['replicas']} sim replicas, 2 gateways, hang bound {plan['hang_s']:g} s, {len(recs)} requests "
       f"({result.get('client_cap_skips', 0)} not sent: client cap); run dir {result.get('run_dir')}")
     keys = ("health_interval_s", "wedge_after_s", "budget_failure_mode", "drain_pre_s", "drain_deadline_s",
-            "header_timeout_s", "max_header_bytes", "first_byte_timeout_s", "breaker_open_s", "max_connections")
+            "header_timeout_s", "max_header_bytes", "first_byte_timeout_s", "breaker_open_s", "max_connections",
+            "max_continuations")
     w("gateway settings: " + "  ".join(f"{k}={settings[k]}" for k in keys if k in settings)
       + (f"  overrides {plan['gw_set']}" if plan.get("gw_set") else ""))
     w("tenants: " + "  ".join(f"{t['id']} {int(100 * t['weight'])}%"
@@ -385,7 +399,10 @@ def render(result: dict) -> str:
             w(f"  the bench's fault action failed: {e['error']}")
 
     w("")
-    w("verdicts (issue 13, 'Done when'):")
+    verdict_data["continuation"] = detail_continuation(w, recs, result, verdict_data)
+
+    w("")
+    w("verdicts (issue 13, 'Done when'; issue 14, stream continuation):")
     for ok, line in verdicts(recs, per_win, verdict_data, budget, wins, plan, settings):
         w(f"  {'PASS' if ok is True else 'FAIL' if ok is False else 'n/a '}  {line}")
     return "\n".join(out)
@@ -407,7 +424,8 @@ def detail_kill(w, recs: list[dict], e: dict, hi: float, plan: dict) -> dict:
     mid = [r for r in recs if r["replica"] == target and r["t_hdr"] is not None and r["t_hdr"] <= at < end_of(r)]
     w(f"  upstream attempts on {target} in the window (gateways' /metrics): {attempts_delta(e, target)}")
     w(f"  had their first byte from {target} before the kill: {len(mid)} -> {dict(Counter(r['outcome'] for r in mid))} "
-      "(expected: streams end with an error event)")
+      "(expected: streams continued on another replica end ok, token-exact; with max_continuations 0, or when no "
+      "continuation is possible, with an error event)")
     c = share(during)
     others = sum(v for k, v in c.items() if k != target)
     w(f"  served while {target} was down ({at:.1f}-{down_end:.1f}): {share_text(c)}; healthy replicas' share "
@@ -458,7 +476,7 @@ def detail_stop(w, recs: list[dict], e: dict, calm: dict, settings: dict) -> dic
     failed = [r for r in rs if replica_failure(r) and not (r["id"] in mid_ids and r["outcome"] == "error_event")]
     w(f"  failures among them (other than error events ending streams mid-flight on {target}): "
       f"{dict(Counter(r['outcome'] + ('/' + str(r['status']) if r['status'] not in (None, 200) else '') for r in failed))}")
-    return {"max_stall": stall(stalls[0]) if stalls else None, "worst": stalls[:3], "failed": failed}
+    return {"max_stall": stall(stalls[0]) if stalls else None, "worst": stalls[:3], "failed": failed, "mid": mid}
 
 
 def detail_redis(w, recs: list[dict], e: dict, budget: Budget, result: dict, gws: list[str]) -> dict:
@@ -558,6 +576,117 @@ def detail_hostile(w, e: dict, calm: dict, result: dict, gws: list[str], setting
           f"{fmt_s(sample_max(result['samples'], gw, 2, calm['start'], calm['end']), 0)} MB, "
           f"{fmt_s(sample_max(result['samples'], gw, 3, calm['start'], calm['end']), 0)} fds)")
     return {"probes": probes, "stats": st}
+
+
+CONTINUATION_OUTCOMES = ("continued", "exhausted", "unsupported", "failed")
+
+
+def metric_sum(series: list, name: str, **labels: str) -> float:
+    """Sum of the run's deltas of the series `name` whose labels include `labels`."""
+    return sum(v for n, lab, v in series if n == name and all(lab.get(k) == x for k, x in labels.items()))
+
+
+def hist_quantile(buckets: list[tuple[float, float]], q: float) -> float | None:
+    """Quantile `q` from cumulative histogram buckets [(le, count)] (+Inf included), by linear
+    interpolation inside the bucket, as PromQL's histogram_quantile; in the +Inf bucket, the highest
+    finite bound. None without observations."""
+    buckets = sorted(buckets)
+    total = buckets[-1][1] if buckets else 0.0
+    if total <= 0:
+        return None
+    rank = q * total
+    lo, below = 0.0, 0.0
+    for le, count in buckets:
+        if count >= rank:
+            if math.isinf(le):
+                return lo
+            if count == below:
+                return le
+            return lo + (le - lo) * (rank - below) / (count - below)
+        lo, below = le, count
+    return lo
+
+
+def _outcomes(rs: list[dict]) -> str:
+    return " ".join(f"{k} {v}" for k, v in Counter(r["outcome"] for r in rs).most_common()) or "none"
+
+
+def detail_continuation(w, recs: list[dict], result: dict, vd: dict) -> dict:
+    """Stream continuation (issue 14): the gateways' continuation and attempt counters over the run,
+    the splice latency, what clients saw of streams broken by a kill or a SIGSTOP, and the
+    token-exactness of every response against the sim replicas' deterministic text."""
+    gm = result.get("gateway_metrics")
+    series = (gm or {}).get("series", [])
+    present = any(f.startswith("specgate_continuation") for f in (gm or {}).get("families", []))
+    w("== stream continuation (gateways' /metrics, both instances summed, run start -> end"
+      + (f", scraped every {gm.get('interval_s', 0):g} s" if gm else "") + ")")
+    if gm is None:
+        w("  gateway metrics not scraped (a run from before the soak read them): continuation metrics absent")
+    else:
+        fails = gm.get("failures") or {}
+        w(f"  scrapes: {gm.get('scrapes')}" + (f", failed {fails}" if fails else "")
+          + "; a restarted gateway loses what it counted after its last scrape")
+        if not present:
+            w("  continuation metrics absent (the gateways export no specgate_continuation* series): counted as 0")
+    by = {o: metric_sum(series, "specgate_continuations_total", outcome=o) for o in CONTINUATION_OUTCOMES}
+    for n, lab, v in series:  # an outcome the gateway added since
+        if n == "specgate_continuations_total" and lab.get("outcome") not in by:
+            by[lab.get("outcome")] = metric_sum(series, n, outcome=lab.get("outcome"))
+    continued = by["continued"]
+    prefill = metric_sum(series, "specgate_continuation_prefill_tokens_total")
+    w("  continuations: " + ", ".join(f"{k} {v:.0f}" for k, v in by.items())
+      + f"; prompt tokens re-prefilled {prefill:.0f}" + (f" ({prefill / continued:.0f} per continuation)" if continued else ""))
+    buckets = [(float(lab["le"]), v) for n, lab, v in series if n == "specgate_continuation_splice_seconds_bucket"]
+    n_splice = metric_sum(series, "specgate_continuation_splice_seconds_count")
+    s_splice = metric_sum(series, "specgate_continuation_splice_seconds_sum")
+    p50, p99 = hist_quantile(buckets, 0.5), hist_quantile(buckets, 0.99)
+    w(f"  splice (break -> first continued byte to the client): n {n_splice:.0f}, p50 {fmt_ms(p50)} ms, "
+      f"p99 {fmt_ms(p99)} ms, mean {fmt_ms(s_splice / n_splice if n_splice else None)} ms (from the histogram's buckets)")
+    att: Counter = Counter()
+    for n, lab, v in series:
+        if n == "specgate_upstream_attempts_total":
+            att[lab.get("outcome")] += v
+    failed_att = sum(v for k, v in att.items() if k != "ok")
+    w("  upstream attempts: " + (" ".join(f"{k} {v:.0f}" for k, v in sorted(att.items()) if v) or "none")
+      + f"; failed before the first byte (then failed over, or the request failed): {failed_att:.0f}")
+
+    streams = [r for r in recs if r["stream"]]
+    mid = {r["id"]: r for d in vd.get("kills", []) + vd.get("stops", []) for r in d.get("mid", []) if r["stream"]}
+    broken = list(mid.values())
+    broken_err = [r for r in broken if r["outcome"] == "error_event"]
+    errs = [r for r in streams if r["outcome"] == "error_event"]
+    drain = [r for r in errs if r["id"] not in mid and (r["kind"] == "drain_probe" or r["code"] == "shutting_down")]
+    drain_ids = {r["id"] for r in drain}
+    other = [r for r in errs if r["id"] not in mid and r["id"] not in drain_ids]
+    cut = [r for r in streams if r["outcome"] == "cut"]
+    w(f"  client side: {len(broken)} streams had their first byte from a replica before it was killed or stopped "
+      f"and were still open -> {_outcomes(broken)}; streams ended with an error event over the run: {len(errs)} "
+      f"(after a kill/stop {len(broken_err)}, the drain {len(drain)}, other {len(other)}"
+      + (f": {dict(Counter(str(r['code']) for r in other))}" if other else "") + f"); cut silently: {len(cut)}")
+    checks = {}
+    for label, group in (("streams", streams), ("non-streaming", [r for r in recs if not r["stream"]])):
+        c = Counter(r["text_check"] for r in group if r["text_check"])
+        checks[label] = c
+    ok = [r for r in recs if r["outcome"] == "ok"]
+    usage_bad = [r for r in ok if r["ctoks"] != r["max_tokens"]]
+    mismatched = [r for r in recs if r["text_check"] == "mismatch"]
+    checked = sum(sum(c.values()) for c in checks.values())
+    if checked:
+        w("  token-exact text (the sim's synthetic_text(0, max_tokens), byte for byte; partial = error event/cut: a "
+          "prefix): " + "; ".join(f"{label}: " + (" ".join(f"{k} {v}" for k, v in sorted(c.items())) or "none")
+                                  for label, c in checks.items())
+          + f"; ok responses whose usage.completion_tokens != max_tokens: {len(usage_bad)}"
+          + (f" (e.g. {[(r['id'], r['ctoks'], r['max_tokens']) for r in usage_bad[:3]]})" if usage_bad else ""))
+        for r in mismatched[:3]:
+            w(f"    mismatch #{r['id']} {r['endpoint']} {'stream' if r['stream'] else 'whole'} via {r['gw']}->"
+              f"{r['replica']} {r['outcome']}: {r['text_diff']}")
+        leaks = sum(1 for r in recs if r["ids_leak"])
+        w(f"  responses carrying token_ids / prompt_token_ids the client did not ask for: {leaks}")
+    else:
+        w("  token-exact text: not checked (a run from before the soak checked it)")
+    return {"metrics": gm is not None, "present": present, "continued": continued, "by": by,
+            "broken": broken, "broken_err": broken_err, "cut": cut, "checks": checks, "checked": checked,
+            "mismatched": mismatched, "usage_bad": usage_bad}
 
 
 def verdicts(recs, per_win, vd, budget: Budget, wins, plan, settings) -> list[tuple[bool | None, str]]:
@@ -673,6 +802,31 @@ def verdicts(recs, per_win, vd, budget: Budget, wins, plan, settings) -> list[tu
                     f"long streams: {[r['outcome'] + (' +[DONE]' if r['done'] else '') for r in g['probes']]}")))
     else:
         out.append((None, "SIGTERM drain: not in the schedule"))
+    cd = vd.get("continuation")
+    if cd is not None:
+        if cd["checked"]:
+            st, ws = cd["checks"]["streams"], cd["checks"]["non-streaming"]
+            bad = len(cd["mismatched"]) + len(cd["usage_bad"])
+            out.append((bad == 0, f"token-exact: every stream's text is the sim's synthetic text, byte-identical when "
+                        f"complete (continued or not), a prefix when it ended early: exact {st['exact']}, prefix "
+                        f"{st['prefix']}, mismatch {st['mismatch']} of {sum(st.values())} streams answered 200 (non-streaming: "
+                        f"exact {ws['exact']}, mismatch {ws['mismatch']}); ok responses with usage != max_tokens: "
+                        f"{len(cd['usage_bad'])}"))
+        else:
+            out.append((None, "token-exact text: not checked in this run"))
+        continued, errs, cut = cd["continued"], len(cd["broken_err"]), len(cd["cut"])
+        broken = continued + errs
+        client = (f"; client side: {len(cd['broken'])} streams open on a replica when it was killed or stopped -> "
+                  f"{_outcomes(cd['broken'])}")
+        line = (f">= 99% of broken streams continued (broken = continued + ended with an error event after their "
+                f"replica was killed or stopped), none silently cut: continued {continued:.0f} of {broken:.0f}"
+                + (f" ({100 * continued / broken:.1f}%)" if broken else "") + f", error events {errs}, cut {cut}")
+        if not cd["present"]:
+            line += " [continuation metrics absent: counted as 0]" + client
+        if broken == 0:
+            out.append((False if cut else None, line + ("" if cd["broken"] else " (no stream broken by a fault)")))
+        else:
+            out.append((continued >= 0.99 * broken and cut == 0, line + (client if cd["present"] else "")))
     conn = whole["conn_error"]
     out.append((conn == 0, f"(extra) requests with no response at all (refused/reset): {conn}"))
     return out

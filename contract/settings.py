@@ -174,6 +174,13 @@ class GatewaySettings(_Strict):
     )
     # Resilience.
     max_attempts: int = Field(default=3, ge=1, le=10, description="attempts across replicas before the first byte")
+    max_continuations: int = Field(
+        default=2,
+        ge=0,
+        le=10,
+        description="times a stream broken after its first byte is continued on another replica (token-exact, from "
+        "the token ids already sent); 0: such a stream ends with an SSE error event",
+    )
     retry_backoff_base_s: float = Field(default=0.05, ge=0)
     retry_backoff_max_s: float = Field(default=1.0, ge=0)
     breaker_failures: int = Field(default=5, ge=1, description="consecutive failures that open a replica's breaker")

@@ -28,18 +28,24 @@ chunks, ``exclude_none=True`` for the final usage chunk), key order included:
   streaming, ONLY in the final usage chunk (``choices: []``), which exists only
   with ``stream_options.include_usage``.  It is absent on non-speculative
   replicas.
+* ``return_token_ids``: streaming, the output's ``token_ids`` on every
+  choice, the prompt's ``prompt_token_ids`` once (chat: top level of the role
+  chunk; completions: on the first chunk's choice); non-streaming, the
+  choice's ``token_ids`` and ``prompt_token_ids`` (chat: top level of the
+  body). Without it both are left out (vLLM sends ``null``). The gateway's
+  stream continuation reads them.
 * Errors: ``{"error": {"message", "type", "param", "code"}}`` with an integer
   ``code`` (the HTTP status).
 
 Deliberately left out (vLLM serialises them as ``null`` or omits them by
 default; clients treat absent and null alike): ``system_fingerprint``,
-``service_tier``, ``prompt_logprobs``, ``prompt_token_ids``, ``prompt_text``,
-``kv_transfer_params``, ``ec_transfer_params``, ``token_ids``,
-``routed_experts``, the message's ``refusal`` / ``annotations`` / ``audio`` /
-``function_call`` / ``reasoning``, the per-request timing metrics, the
-``detailed``-level ``per_step_*`` arrays, and a top-level ``"metrics": null``
-on bodies without speculative metrics.  ``tests/contract/test_wire.py`` checks
-all of this against vLLM's own pydantic models (vllm tier).
+``service_tier``, ``prompt_logprobs``, ``prompt_text``, ``kv_transfer_params``,
+``ec_transfer_params``, ``routed_experts``, the message's ``refusal`` /
+``annotations`` / ``audio`` / ``function_call`` / ``reasoning``, the
+per-request timing metrics, the ``detailed``-level ``per_step_*`` arrays, and
+a top-level ``"metrics": null`` on bodies without speculative metrics.
+``tests/contract/test_wire.py`` checks all of this against vLLM's own pydantic
+models (vllm tier).
 """
 
 from __future__ import annotations
@@ -142,16 +148,28 @@ def stream_usage_flags(stream_options: Any) -> tuple[bool, bool]:
 
 def completion_body(*, chat: bool, rid: str, created: int, model: str, text: str, finish_reason: str,
                     prompt_tokens: int, completion_tokens: int, spec: dict[str, Any] | None = None,
-                    stop_reason: int | str | None = None) -> dict[str, Any]:
-    """A whole ``chat.completion`` / ``text_completion`` response (n=1)."""
+                    stop_reason: int | str | None = None, token_ids: Sequence[int] | None = None,
+                    prompt_token_ids: Sequence[int] | None = None) -> dict[str, Any]:
+    """A whole ``chat.completion`` / ``text_completion`` response (n=1).
+
+    With ``return_token_ids`` vLLM adds the output's ``token_ids`` to the
+    choice and the prompt's ``prompt_token_ids`` to the body (chat: top level,
+    after ``usage``; completions: on the choice, after ``token_ids``).
+    """
     if chat:
         choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
                   "finish_reason": finish_reason, "stop_reason": stop_reason}
     else:
         choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason,
                   "stop_reason": stop_reason}
+    if token_ids is not None:
+        choice["token_ids"] = list(token_ids)
+    if prompt_token_ids is not None and not chat:
+        choice["prompt_token_ids"] = list(prompt_token_ids)
     body = {"id": rid, "object": CHAT_OBJECT if chat else COMPLETION_OBJECT, "created": created, "model": model,
             "choices": [choice], "usage": _body_usage(prompt_tokens, completion_tokens)}
+    if prompt_token_ids is not None and chat:
+        body["prompt_token_ids"] = list(prompt_token_ids)
     m = metrics(spec)
     if m is not None:
         body["metrics"] = m
@@ -169,21 +187,34 @@ def _chunk(chat: bool, rid: str, created: int, model: str, choices: list, usage_
     return d
 
 
-def role_chunk(rid: str, created: int, model: str, *, usage_counts: tuple[int, int] | None = None) -> dict[str, Any]:
+def role_chunk(rid: str, created: int, model: str, *, usage_counts: tuple[int, int] | None = None,
+               prompt_token_ids: Sequence[int] | None = None) -> dict[str, Any]:
     """Chat only: the first chunk, ``delta: {"role": "assistant", "content": ""}``.
 
     ``usage_counts`` = (prompt_tokens, completion_tokens) with continuous usage stats.
+    ``prompt_token_ids``: with ``return_token_ids``, vLLM puts the prompt's ids
+    on this chunk, top level (chat) -- once per stream.
     """
     choice = {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
-    return _chunk(True, rid, created, model, [choice],
-                  _chunk_usage(True, usage_counts) if usage_counts is not None else None)
+    d = _chunk(True, rid, created, model, [choice],
+               _chunk_usage(True, usage_counts) if usage_counts is not None else None)
+    if prompt_token_ids is not None:
+        d["prompt_token_ids"] = list(prompt_token_ids)
+    return d
 
 
 def content_chunk(rid: str, created: int, model: str, text: str, *, chat: bool, finish_reason: str | None = None,
                   stop_reason: int | str | None = None,
-                  usage_counts: tuple[int, int] | None = None) -> dict[str, Any]:
+                  usage_counts: tuple[int, int] | None = None,
+                  token_ids: Sequence[int] | None = None,
+                  prompt_token_ids: Sequence[int] | None = None) -> dict[str, Any]:
     """One engine output: ``text`` (possibly empty on a finish chunk) and, on the
-    last output, ``finish_reason``.  ``usage_counts`` as in :func:`role_chunk`."""
+    last output, ``finish_reason``.  ``usage_counts`` as in :func:`role_chunk`.
+
+    With ``return_token_ids`` vLLM adds the output's ``token_ids`` to the
+    choice, and (completions only) the prompt's ``prompt_token_ids`` to the
+    choice of the stream's first chunk (chat: on the role chunk instead).
+    """
     if chat:
         choice = {"index": 0, "delta": {"content": text}, "logprobs": None, "finish_reason": finish_reason}
         if finish_reason is not None:
@@ -191,6 +222,10 @@ def content_chunk(rid: str, created: int, model: str, text: str, *, chat: bool, 
     else:
         choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason,
                   "stop_reason": stop_reason}
+        if prompt_token_ids is not None:
+            choice["prompt_token_ids"] = list(prompt_token_ids)
+    if token_ids is not None:
+        choice["token_ids"] = list(token_ids)
     return _chunk(chat, rid, created, model, [choice],
                   _chunk_usage(chat, usage_counts) if usage_counts is not None else None)
 

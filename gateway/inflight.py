@@ -6,7 +6,9 @@ attempt waits on is found wedged.
 Why a registry and task cancellation: a request waits inside an upstream
 read that only a cancellation interrupts promptly; the request path sees
 `ctx.abort_reason` and turns the cancellation into a failover (no byte sent
-yet), an SSE error event (stream under way), or a 503 (shutdown).
+yet), a continuation or an SSE error event (stream under way), or a 503
+(shutdown). Also here: `Inflight`, the one place a replica's in-flight
+count of upstream attempts changes.
 """
 
 from __future__ import annotations
@@ -53,3 +55,25 @@ class InflightRequests:
             task.cancel()
             n += 1
         return n
+
+
+class Inflight:
+    """`with Inflight(replica, ctx):` one upstream attempt counts in the
+    replica's load from before its request is sent until its response is done
+    with, and is the request's current attempt (what a wedge abort targets)."""
+
+    __slots__ = ("replica", "ctx")
+
+    def __init__(self, replica, ctx: RequestContext | None = None) -> None:
+        self.replica = replica
+        self.ctx = ctx
+
+    def __enter__(self) -> None:
+        self.replica.inflight += 1
+        if self.ctx is not None:
+            self.ctx.attempt = self.replica
+
+    def __exit__(self, *exc) -> None:
+        self.replica.inflight -= 1
+        if self.ctx is not None:
+            self.ctx.attempt = None

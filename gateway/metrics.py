@@ -14,6 +14,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 _OVERHEAD_BUCKETS = (0.0001, 0.00025, 0.0005, 0.00075, 0.001, 0.0015, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1)
+_SPLICE_BUCKETS = (0.005, 0.01, 0.02, 0.035, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1, 1.5, 2.5, 5, 10)
 _AL_BUCKETS = (1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 3.5, 4.0, 5.0, 6.0, 8.0, 12.0, 17.0)
 
 
@@ -69,6 +70,26 @@ class GatewayMetrics:
         )
         self.aborted = Counter(
             "specgate_requests_aborted", "Requests the gateway ended itself, by reason and outcome", ["reason", "outcome"], registry=r
+        )
+        # -- stream continuation (gateway.splice) --
+        self.continuations = Counter(
+            "specgate_continuations",
+            "Streams broken after their first byte, by what the gateway did: continued (spliced from another "
+            "replica), exhausted (max_continuations reached), unsupported (a request that cannot be continued "
+            "exactly), failed (no replica could take the continuation)",
+            ["outcome"],
+            registry=r,
+        )
+        self.continuation_prefill = Counter(
+            "specgate_continuation_prefill_tokens",
+            "Prompt tokens the continuations re-prefilled (original prompt + tokens already sent); not billed",
+            registry=r,
+        )
+        self.splice_latency = Histogram(
+            "specgate_continuation_splice_seconds",
+            "From a stream breaking to the continuation's first byte reaching the client",
+            buckets=_SPLICE_BUCKETS,
+            registry=r,
         )
         self._children: dict[tuple, object] = {}
         # -- budget store health (gateway.budget_guard) --

@@ -1,9 +1,10 @@
 """The relay stage: upstream attempts with failover before the first byte,
 then the response relayed to the client (SSE events forwarded as they
-arrive; a mid-stream failure becomes an SSE error event).
+arrive; a stream broken mid-way is continued on another replica,
+`gateway.splice`, or ends with an SSE error event).
 
 `replica.inflight` counts one upstream attempt, response relay included, and
-is changed in one place only (`Inflight`), so no error path can leak it.
+is changed in one place only (`inflight.Inflight`), so no error path can leak it.
 """
 
 from __future__ import annotations
@@ -17,58 +18,52 @@ import orjson
 
 from contract.knobs import merged_xargs
 
+from .continuation import ContinuationRequest, StreamLedger, unsupported
 from .deps import RequestPathState
 from .errors import GatewayError
+from .inflight import Inflight
 from .request_context import RequestContext
+from .splice import LedgerTap, continue_stream
 from .sse import StreamTap, error_event
-from .upstream import UpstreamBroken, UpstreamConnectError, UpstreamTimeout
+from .upstream import UpstreamBroken, UpstreamConnectError, UpstreamTimeout, read_whole
 
 log = logging.getLogger("specgate.gateway.proxy")
 
 _perf = time.perf_counter
 
 
-class Inflight:
-    """`with Inflight(replica, ctx):` one upstream attempt counts in the
-    replica's load from before its request is sent until its response is done
-    with, and is the request's current attempt (what a wedge abort targets)."""
-
-    __slots__ = ("replica", "ctx")
-
-    def __init__(self, replica, ctx: RequestContext | None = None) -> None:
-        self.replica = replica
-        self.ctx = ctx
-
-    def __enter__(self) -> None:
-        self.replica.inflight += 1
-        if self.ctx is not None:
-            self.ctx.attempt = self.replica
-
-    def __exit__(self, *exc) -> None:
-        self.replica.inflight -= 1
-        if self.ctx is not None:
-            self.ctx.attempt = None
-
-
 class UpstreamBodies:
     """The request body as each replica gets it: `stream_options.include_usage`
     forced on for streams (so tokens can be accounted; `strip_usage` says the
-    usage chunk must not reach a client that did not ask for it), and the
+    usage chunk must not reach a client that did not ask for it),
+    `return_token_ids` forced on for streams that can be continued
+    (`continuation`; stripped again for a client that did not ask), and the
     tenant's speculation knobs merged in where the replica honours them. One
     serialisation per distinct knob set."""
 
-    __slots__ = ("_cache", "body", "client_xargs", "plain", "policy", "strip_usage")
+    __slots__ = ("_cache", "body", "client_xargs", "continuation", "not_continuable", "plain", "policy", "strip_usage")
 
-    def __init__(self, ctx: RequestContext) -> None:
+    def __init__(self, ctx: RequestContext, continuations: int = 0) -> None:
         body = self.body = ctx.body
         self.client_xargs = ctx.client_xargs
         self.policy = ctx.policy
         self.strip_usage = False
+        self.continuation: ContinuationRequest | None = None
+        self.not_continuable: str | None = None
         if ctx.stream:
             so = body.get("stream_options")
             if not (isinstance(so, dict) and so.get("include_usage") is True):
-                body["stream_options"] = {**(so if isinstance(so, dict) else {}), "include_usage": True}
+                body["stream_options"] = so = {**(so if isinstance(so, dict) else {}), "include_usage": True}
                 self.strip_usage = True
+            if continuations > 0:
+                self.not_continuable = unsupported(body, ctx.endpoint)
+                if self.not_continuable is None:
+                    client_ids = body.get("return_token_ids") is True
+                    self.continuation = ContinuationRequest(
+                        body=dict(body), chat=ctx.endpoint == "chat", client_ids=client_ids, strip_usage=self.strip_usage,
+                        continuous=bool(so.get("continuous_usage_stats")), client_xargs=ctx.client_xargs, policy=ctx.policy,
+                    )
+                    body["return_token_ids"] = True
         self.plain = orjson.dumps(body)
         self._cache: dict[frozenset[str], bytes] = {}
 
@@ -89,7 +84,7 @@ async def relay(state: RequestPathState, ctx: RequestContext, ranked: list, send
     """Proxy the request to the best replica that answers (under a `proxy`
     span when traced) and relay its response; sets `ctx.replica`,
     `ctx.status`, `ctx.usage` and `ctx.spec_metrics`."""
-    bodies = UpstreamBodies(ctx)
+    bodies = UpstreamBodies(ctx, state.settings.gateway.max_continuations)
     headers = {"content-type": "application/json", "accept": "text/event-stream" if ctx.stream else "application/json"}
     span = None
     if ctx.root is not None:
@@ -144,7 +139,7 @@ async def _attempts(state: RequestPathState, ctx: RequestContext, ranked: list, 
                     chunks = resp.chunks()
                     data = await _first_chunk(resp, chunks)
                 else:
-                    data = await _read_whole(resp)  # a whole response, an error body
+                    data = await read_whole(resp)  # a whole response, an error body
             except (UpstreamConnectError, UpstreamBroken) as exc:
                 _failed(state, ctx, replica, "connect_error" if isinstance(exc, UpstreamConnectError) else "broken", exc)
                 continue
@@ -167,7 +162,7 @@ async def _attempts(state: RequestPathState, ctx: RequestContext, ranked: list, 
             ctx.t_upstream = t_up
             _answered(state, ctx, replica, span)
             if chunks is not None:
-                await _relay_stream(state, ctx, resp, chunks, data, send, bodies.strip_usage)
+                await _relay_stream(state, ctx, resp, chunks, data, send, bodies, ranked)
             else:
                 await _send_whole(state, ctx, resp, data, send)
             return
@@ -239,16 +234,6 @@ async def _first_chunk(resp, chunks) -> bytes:
         raise
 
 
-async def _read_whole(resp) -> bytes:
-    try:
-        data = await resp.read()
-    except BaseException:
-        resp.abort()
-        raise
-    resp.release()
-    return data
-
-
 def _extra_headers(ctx: RequestContext) -> list[tuple[bytes, bytes]]:
     extra = [(b"x-request-id", ctx.request_id.encode())]
     if ctx.response_headers:
@@ -296,14 +281,23 @@ _STREAM_ENDS = {
 }
 
 
-async def _relay_stream(state: RequestPathState, ctx: RequestContext, resp, chunks, first: bytes, send, strip_usage: bool) -> None:
+async def _relay_stream(state: RequestPathState, ctx: RequestContext, resp, chunks, first: bytes, send,
+                        bodies: UpstreamBodies, ranked: list) -> None:
     """Relay a stream as its events arrive. A stream that cannot go on (the
-    replica broke it, went silent past `read_timeout_s`, was found wedged, or
-    the drain deadline came) ends with an SSE error event and `[DONE]`, never
-    a silent cut."""
+    replica broke it, sent an engine error event, went silent past
+    `read_timeout_s`, or was found wedged) is continued on another replica
+    where it can be (`gateway.splice`); otherwise, and at the drain
+    deadline, it ends with an SSE error event and `[DONE]`, never a silent cut."""
     replica = ctx.replica
     metrics = state.metrics
-    tap = StreamTap(strip_usage)
+    req = bodies.continuation
+    ledger = None
+    if req is not None:
+        ledger = StreamLedger()
+        ledger.start_part(replica.name)
+        tap = LedgerTap(bodies.strip_usage, not req.client_ids, req.chat, ledger)
+    else:
+        tap = StreamTap(bodies.strip_usage)
     t_up = ctx.t_upstream
     t_headers = _perf()
     overhead_pre = t_headers - ctx.t0 - (t_headers - t_up)
@@ -334,6 +328,10 @@ async def _relay_stream(state: RequestPathState, ctx: RequestContext, resp, chun
                     pending_overhead = False
                     overhead = overhead_pre + (_perf() - t_first)
                     metrics.child(metrics.overhead, ctx.endpoint, "true").observe(overhead)
+            if ledger is not None and tap.error is not None:
+                raise UpstreamBroken(f"engine error event: {str(tap.error)[:200]}")
+        if ledger is not None and not tap.saw_done:
+            raise UpstreamBroken("the stream ended without [DONE]")
         rest = tap.tail()
         if rest.strip():
             await send({"type": "http.response.body", "body": rest, "more_body": True})
@@ -353,11 +351,23 @@ async def _relay_stream(state: RequestPathState, ctx: RequestContext, resp, chun
             raise
         asyncio.current_task().uncancel()
         ended = reason if reason in _STREAM_ENDS else "broken"
-        metrics.child(metrics.aborted, ended, "error_event").inc()
+        if ended == "replica_wedged" and ledger is not None:
+            ctx.abort_reason = None  # the wedge is handled here: the continuation may be aborted afresh
+        else:
+            metrics.child(metrics.aborted, ended, "error_event").inc()
     except BaseException:
         resp.abort()
         raise
     if ended is not None and not tap.saw_done:
+        if ended != "shutdown" and state.settings.gateway.max_continuations > 0:
+            if ledger is not None:
+                if await continue_stream(state, ctx, req, ledger, replica, ranked, send, _perf()):
+                    return
+            else:
+                metrics.child(metrics.continuations, "unsupported").inc()
+                log.info("stream not continued", extra={"fields": {"request_id": ctx.request_id, "why": bodies.not_continuable}})
+            if ended == "replica_wedged":
+                metrics.child(metrics.aborted, ended, "error_event").inc()
         message, code, status = _STREAM_ENDS[ended]
         await end_stream_with_error(ctx, send, message, code)
     else:

@@ -1,7 +1,7 @@
 """Replica state as the gateway knows it (no I/O here).
 
 Health checks and /metrics scraping (`health.py`) write into these objects;
-the router reads them; the relay stage (`relay.Inflight`) updates `inflight`, and the breaker.
+the router reads them; the relay stage (`inflight.Inflight`) updates `inflight`, and the breaker.
 `Registry.snapshots()` hands the latest scrape of every replica to an
 embedded controller, so one process reads each /metrics once.
 """

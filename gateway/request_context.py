@@ -60,6 +60,9 @@ class RequestContext:
     status: int = 500
     usage: dict[str, Any] | None = None
     spec_metrics: dict[str, Any] | None = None
+    # A continued stream (gateway.splice): (replica, its part's stats) per
+    # replica that produced part of it; None: one replica produced it all.
+    parts: list[tuple[str, Any]] | None = None
     watcher: asyncio.Future | None = None  # cancels the request when the client disconnects
     response_started: bool = False  # http.response.start was sent: errors from here on go in-band
     response_headers: list[tuple[bytes, bytes]] | None = None  # added to the response (x-ratelimit-*), set by admit

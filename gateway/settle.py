@@ -43,12 +43,19 @@ def account(state: RequestPathState, ctx: RequestContext) -> None:
     stats = RequestSpecStats.from_response(usage, ctx.spec_metrics)
     if ctx.reserved_live:
         state.accounting.settle(tenant, ctx.reserved, stats.prompt_tokens + stats.completion_tokens)
-    replica_name = ctx.replica_name
-    state.accounting.record(tenant.id, replica_name, stats)
     metrics = state.metrics
     label = ctx.tenant_label
     metrics.child(metrics.tokens, label, "prompt").inc(stats.prompt_tokens)
     metrics.child(metrics.tokens, label, "completion").inc(stats.completion_tokens)
+    for replica_name, part in ctx.parts or ((ctx.replica_name, stats),):
+        _record(state, ctx, replica_name, part)
+
+
+def _record(state: RequestPathState, ctx: RequestContext, replica_name: str, stats: RequestSpecStats) -> None:
+    """Telemetry of what one replica produced (all of a request, or its part of a continued stream)."""
+    state.accounting.record(ctx.tenant.id, replica_name, stats)
+    metrics = state.metrics
+    label = ctx.tenant_label
     if stats.num_draft_tokens is not None:
         metrics.child(metrics.drafted, label, replica_name).inc(stats.num_draft_tokens)
         metrics.child(metrics.accepted, label, replica_name).inc(stats.num_accepted_draft_tokens or 0)

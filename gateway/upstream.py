@@ -67,6 +67,18 @@ class Upstream(Protocol):
     async def close(self) -> None: ...
 
 
+async def read_whole(resp: UpstreamResponse) -> bytes:
+    """A whole response body; the connection goes back to the pool, or is
+    closed if reading failed (or was cancelled) part-way."""
+    try:
+        data = await resp.read()
+    except BaseException:
+        resp.abort()
+        raise
+    resp.release()
+    return data
+
+
 # -- aiohttp ----------------------------------------------------------------
 class _AiohttpResponse:
     __slots__ = ("_resp", "status", "headers")

@@ -6,14 +6,19 @@ and stream; the rules for what a valid ``/v1/chat/completions`` or
 ``stream_options``, ``vllm_xargs``, messages / prompt shapes, token limits,
 context length), how many prompt tokens it counts for, and which acceptance
 workload it follows are plain functions of the body and the replica's
-settings, testable without a server.  Every rejection is an ``ApiError``,
-rendered as vLLM's ``{"error": {"message", "type", "param", "code"}}``.
+settings, testable without a server.  A body's prompt becomes a ``Prompt``:
+its text (for the workload marker), its token ids (``tokens.py``'s stand-in
+tokenizer; a completions prompt may be given as token ids, vLLM's
+``list[int]`` or ``[[ids]]``), the output position it continues at, and its
+``max_tokens``.  Every rejection is an ``ApiError``, rendered as vLLM's
+``{"error": {"message", "type", "param", "code"}}``.
 """
 
 from __future__ import annotations
 
 import logging
 import re
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
@@ -21,6 +26,7 @@ from fastapi.responses import JSONResponse
 
 from .. import acceptance as acc
 from contract import wire
+from .tokens import chat_token_ids, check_vocab, count_prompt_tokens, output_start, text_token_ids
 
 logger = logging.getLogger("specgate.sim")
 
@@ -37,10 +43,6 @@ class ApiError(Exception):
 
 def error_response(status: int, message: str, type_: str = "BadRequestError", param: str | None = None) -> JSONResponse:
     return JSONResponse(wire.error_body(message, type_, status, param), status)
-
-
-def count_prompt_tokens(text: str) -> int:
-    return max(1, len(text) // 4)
 
 
 def messages_text(messages: Any) -> str:
@@ -99,25 +101,84 @@ def parse_body(raw: bytes, model_name: str) -> dict:
     return body
 
 
-def chat_prompt(body: dict) -> tuple[str, int, int | None]:
-    """(prompt text, prompt tokens, max_tokens) of a chat completions body."""
+@dataclass
+class Prompt:
+    """What the engine needs of a request's prompt.
+
+    ``ids``: the token ids as given (a token-id completions prompt), else
+    ``None`` and derived from the text on demand (``token_ids``: only streams
+    and bodies with ``return_token_ids`` need them).  ``tokens`` = their count.
+    ``start``: the output position the request continues at (``tokens.output_start``).
+    """
+
+    text: str
+    tokens: int
+    max_tokens: int | None
+    ids: list[int] | None = None
+    roles: list[str] | None = None  # chat: the messages' roles (4 template tokens each)
+    start: int = 0
+    _derived: list[int] | None = field(default=None, repr=False)
+
+    def token_ids(self) -> list[int]:
+        if self.ids is not None:
+            return self.ids
+        if self._derived is None:
+            self._derived = (chat_token_ids(self.text, self.roles) if self.roles is not None
+                             else text_token_ids(self.text))
+        return self._derived
+
+
+def chat_prompt(body: dict) -> Prompt:
+    """The prompt of a chat completions body."""
     text = messages_text(body.get("messages"))
     max_tokens = int_field(body, "max_completion_tokens") or int_field(body, "max_tokens")
-    return text, count_prompt_tokens(text) + 4 * len(body["messages"]), max_tokens
+    roles = [str(m["role"]) for m in body["messages"]]
+    return Prompt(text, count_prompt_tokens(text) + 4 * len(roles), max_tokens, roles=roles)
 
 
-def completion_prompt(body: dict) -> tuple[str, int, int | None]:
-    """(prompt text, prompt tokens, max_tokens) of a completions body (a string or token ids)."""
+def _token_list(value: Any) -> bool:
+    return isinstance(value, list) and bool(value) and all(
+        isinstance(t, int) and not isinstance(t, bool) for t in value)
+
+
+def completion_prompt(body: dict, max_model_len: int) -> Prompt:
+    """The prompt of a completions body: a string or token ids (``[ids]`` or ``[[ids]]``; one prompt only).
+
+    Token ids must be in the sim's vocabulary (``tokens.check_vocab``), else 400
+    as on vLLM; their count is the prompt's token count, and a tail of output
+    ids continues the output after them (``tokens.output_start``).
+    """
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]
+    max_tokens = int_field(body, "max_tokens")
     if isinstance(prompt, str) and prompt:
-        text, ptoks = prompt, count_prompt_tokens(prompt)
-    elif isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-        text, ptoks = "", len(prompt)
-    else:
-        raise ApiError(400, "'prompt' must be a non-empty string or a list of token ids", param="prompt")
-    return text, ptoks, int_field(body, "max_tokens")
+        return Prompt(prompt, count_prompt_tokens(prompt), max_tokens)
+    if _token_list(prompt):
+        bad = check_vocab(prompt, max_model_len)
+        if bad:
+            raise ApiError(400, bad, param="prompt")
+        return Prompt("", len(prompt), max_tokens, ids=list(prompt), start=output_start(prompt))
+    raise ApiError(400, "'prompt' must be a non-empty string or a list of token ids (one prompt)", param="prompt")
+
+
+def detokenize_tokens(body: dict, max_model_len: int) -> list[int]:
+    """The ``tokens`` of a ``POST /detokenize`` body (vLLM's ``DetokenizeRequest``), checked against the vocabulary."""
+    tokens = body.get("tokens")
+    if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
+        raise ApiError(400, "'tokens' must be a list of token ids", param="tokens")
+    bad = check_vocab(tokens, max_model_len)
+    if bad:
+        raise ApiError(400, bad, param="tokens")
+    return tokens
+
+
+def return_token_ids(body: dict) -> bool:
+    """vLLM's ``return_token_ids`` (``bool | None``)."""
+    v = body.get("return_token_ids")
+    if v is not None and not isinstance(v, bool):
+        raise ApiError(400, "'return_token_ids' must be a boolean", param="return_token_ids")
+    return bool(v)
 
 
 def fit_context(prompt_tokens: int, max_tokens: int | None, max_model_len: int, chat: bool) -> int | None:
@@ -151,5 +212,6 @@ def resolve_workload(xargs: dict | None, header: str | None, text: str, drafter_
     return default
 
 
-__all__ = ["ApiError", "error_response", "parse_body", "chat_prompt", "completion_prompt", "fit_context",
-           "resolve_workload", "count_prompt_tokens", "messages_text", "int_field"]
+__all__ = ["ApiError", "error_response", "parse_body", "Prompt", "chat_prompt", "completion_prompt", "fit_context",
+           "resolve_workload", "count_prompt_tokens", "messages_text", "int_field", "detokenize_tokens",
+           "return_token_ids"]

@@ -17,6 +17,22 @@ Surface (what the gateway and controller use):
   ``metrics.speculative_decoding`` (vLLM ``--per-request-spec-decode-metrics
   summary``, acceptance histogram included) is present only on speculative
   profiles, as in vLLM.
+* Token ids, as vLLM handles them (the gateway's stream continuation needs all
+  three): ``/v1/completions`` takes ``prompt`` as token ids (``[ids]`` or
+  ``[[ids]]``; several prompts are refused with a 400; an id outside the
+  vocabulary is a 400, as on vLLM); ``return_token_ids: true`` adds the
+  output's ``token_ids`` to every stream chunk's choice and the prompt's
+  ``prompt_token_ids`` once (chat: top level of the role chunk; completions:
+  the first chunk's choice), or both to a whole response; ``POST /detokenize``
+  ``{"model", "tokens"}`` answers ``{"prompt": text}``.  The ids follow
+  ``tokens.py``: output position ``j`` is id ``OUTPUT_TOKEN_BASE + j``
+  (100,000 + j) with text ``synthetic_text(j, 1)``, prompt ids are below the
+  base, and a token-id prompt ending in output ids continues the output after
+  the last one -- so a stream re-issued with its prompt ids + the ids already
+  sent (and ``max_tokens`` reduced by them) yields exactly the rest of the
+  uninterrupted text, like greedy decoding on a real engine.  (The natural
+  stop length stays a fresh random draw per request, within ``max_tokens``,
+  like sampling a continuation on vLLM.)  ``stop`` strings are not honoured.
 * ``vllm_xargs``: ``specgate_max_draft`` (int >= 0),
   ``specgate_min_confidence`` (float in [0, 1]) and ``specgate_max_batch``
   (int >= 0: no drafting in steps of more requests) change drafting exactly as the
@@ -42,9 +58,11 @@ seconds (= wall seconds when ``time_scale`` is 1).
 Layout (one job per module): ``replica.py`` -- ``SimReplicaSettings`` and the
 real-time engine driver ``SimReplica`` with its per-request ``RequestStream``;
 ``requests.py`` -- request body parsing / validation and vLLM's errors;
-``metrics.py`` -- the /metrics collector.  This module is the FastAPI app
-(routes, streaming hand-off to the client) and the uvicorn entry points; the
-names above stay importable from here.
+``tokens.py`` -- the stand-in tokenizer (token ids, ``synthetic_text``, the
+continuation position, the vocabulary); ``metrics.py`` -- the /metrics
+collector.  This module is the FastAPI app (routes, streaming hand-off to the
+client) and the uvicorn entry points; the names above stay importable from
+here.
 
 Usage::
 
@@ -72,21 +90,11 @@ from contract import wire
 from .engine import EngineRequest
 from .metrics import SIM_VERSION, sim_registry
 from .replica import RequestStream, SimReplica, SimReplicaSettings
-from .requests import ApiError, chat_prompt, completion_prompt, error_response, fit_context, parse_body
+from .requests import (ApiError, Prompt, chat_prompt, completion_prompt, detokenize_tokens, error_response,
+                       fit_context, parse_body, return_token_ids)
+from .tokens import OUTPUT_TOKEN_BASE, detokenize, output_token_ids, synthetic_text
 
 logger = logging.getLogger("specgate.sim")
-
-_WORDS = ("lorem", "ipsum", "dolor", "sit", "amet", "consectetur", "adipiscing", "elit", "sed", "do", "eiusmod",
-          "tempor", "incididunt", "ut", "labore", "et", "dolore", "magna", "aliqua")
-_MARKER = "[specgate-sim]"
-
-
-def synthetic_text(start: int, n: int) -> str:
-    """Tokens [start, start+n) of the synthetic output (one word per token; the first is a marker)."""
-    words = []
-    for i in range(start, start + n):
-        words.append(_MARKER if i == 0 else " " + _WORDS[i % len(_WORDS)])
-    return "".join(words)
 
 
 # -------------------------------------------------------------------- app
@@ -148,25 +156,29 @@ def create_app(settings: SimReplicaSettings | None = None) -> FastAPI:
     @app.post("/v1/chat/completions")
     async def chat(request: Request):
         body = parse_body(await request.body(), settings.model_name)
-        text, prompt_tokens, max_tokens = chat_prompt(body)
-        return await _generate(request, body, text, prompt_tokens, max_tokens, chat=True)
+        return await _generate(request, body, chat_prompt(body), chat=True)
 
     @app.post("/v1/completions")
     async def completions(request: Request):
         body = parse_body(await request.body(), settings.model_name)
-        text, prompt_tokens, max_tokens = completion_prompt(body)
-        return await _generate(request, body, text, prompt_tokens, max_tokens, chat=False)
+        return await _generate(request, body, completion_prompt(body, settings.max_model_len), chat=False)
 
-    async def _generate(request: Request, body: dict, text: str, prompt_tokens: int, max_tokens: int | None,
-                        chat: bool):
-        max_tokens = fit_context(prompt_tokens, max_tokens, settings.max_model_len, chat)
+    @app.post("/detokenize")
+    async def detokenize_(request: Request):
+        body = parse_body(await request.body(), settings.model_name)
+        return {"prompt": detokenize(detokenize_tokens(body, settings.max_model_len))}
+
+    async def _generate(request: Request, body: dict, prompt: Prompt, chat: bool):
+        with_ids = return_token_ids(body)
+        max_tokens = fit_context(prompt.tokens, prompt.max_tokens, settings.max_model_len, chat)
         xargs = body.get("vllm_xargs")
-        workload = sim.resolve_workload(xargs, request.headers.get("x-sim-workload"), text)
+        workload = sim.resolve_workload(xargs, request.headers.get("x-sim-workload"), prompt.text)
         n_out, natural = sim.natural_output_len(max_tokens, bool(body.get("ignore_eos")))
-        req = sim.submit(prompt_tokens, n_out, workload, xargs, natural)
+        req = sim.submit(prompt.tokens, n_out, workload, xargs, natural)
         rid = wire.response_id(chat, request.headers.get("x-request-id"))
         created = wire.created_now()
         finish_reason = "stop" if natural else "length"
+        start = prompt.start
         if not body.get("stream"):
             sim.in_flight += 1
             try:
@@ -175,11 +187,14 @@ def create_app(settings: SimReplicaSettings | None = None) -> FastAPI:
                 sim.in_flight -= 1
                 sim.abort(req)
             return JSONResponse(wire.completion_body(
-                chat=chat, rid=rid, created=created, model=settings.model_name, text=synthetic_text(0, req.output),
-                finish_reason=finish_reason, prompt_tokens=req.prompt_tokens, completion_tokens=req.output,
-                spec=_spec(req)))
+                chat=chat, rid=rid, created=created, model=settings.model_name,
+                text=synthetic_text(start, req.output), finish_reason=finish_reason, prompt_tokens=req.prompt_tokens,
+                completion_tokens=req.output, spec=_spec(req),
+                token_ids=output_token_ids(start, req.output) if with_ids else None,
+                prompt_token_ids=prompt.token_ids() if with_ids else None))
         include_usage, continuous = wire.stream_usage_flags(body.get("stream_options"))
-        return StreamingResponse(_sse(rid, created, req, chat, finish_reason, include_usage, continuous),
+        return StreamingResponse(_sse(rid, created, req, chat, finish_reason, include_usage, continuous, start,
+                                      prompt if with_ids else None),
                                  media_type=wire.SSE_CONTENT_TYPE, headers={"cache-control": "no-cache"})
 
     async def _wait_done(req: EngineRequest) -> None:
@@ -194,7 +209,7 @@ def create_app(settings: SimReplicaSettings | None = None) -> FastAPI:
         return wire.spec_decoding(req.user.hist, req.draft_tokens, sim.engine.profile.num_speculative_tokens)
 
     async def _sse(rid: str, created: int, req: EngineRequest, chat: bool, finish_reason: str, include_usage: bool,
-                   continuous: bool) -> AsyncIterator[bytes]:
+                   continuous: bool, start: int, ids_of: Prompt | None) -> AsyncIterator[bytes]:
         # Counted here, not before the response object is built: a client that
         # leaves before the body is first iterated never runs this generator's
         # `finally`, and the count would leak.
@@ -202,6 +217,9 @@ def create_app(settings: SimReplicaSettings | None = None) -> FastAPI:
         st: RequestStream = req.user
         model = settings.model_name
         counts = (lambda n: (req.prompt_tokens, n)) if continuous else (lambda n: None)
+        # return_token_ids: the prompt's ids once (chat: the role chunk; completions: the first chunk's choice),
+        # each chunk's output ids on its choice
+        prompt_ids = ids_of.token_ids() if ids_of is not None else None
         sent = 0
         first = True
         try:
@@ -209,15 +227,21 @@ def create_app(settings: SimReplicaSettings | None = None) -> FastAPI:
                 await st.event.wait()
                 st.event.clear()
                 if first and chat:  # like vLLM: the role chunk goes out with the first engine output
-                    yield wire.sse(wire.role_chunk(rid, created, model, usage_counts=counts(0)))
+                    yield wire.sse(wire.role_chunk(rid, created, model, usage_counts=counts(0),
+                                                   prompt_token_ids=prompt_ids))
+                    prompt_ids = None
                 first = False
                 n, done = st.pending, st.done
                 st.pending = 0
                 if n or done:  # like vLLM: finish_reason rides on the last output's chunk
+                    pos = start + sent
                     sent += n
-                    yield wire.sse(wire.content_chunk(rid, created, model, synthetic_text(sent - n, n), chat=chat,
-                                                      finish_reason=finish_reason if done else None,
-                                                      usage_counts=counts(sent)))
+                    yield wire.sse(wire.content_chunk(
+                        rid, created, model, synthetic_text(pos, n), chat=chat,
+                        finish_reason=finish_reason if done else None, usage_counts=counts(sent),
+                        token_ids=output_token_ids(pos, n) if ids_of is not None else None,
+                        prompt_token_ids=prompt_ids))
+                    prompt_ids = None
                 if done:
                     break
             if include_usage:
@@ -253,4 +277,4 @@ async def serve_sim_replicas(replicas: list[tuple[SimReplicaSettings, int]], hos
 
 
 __all__ = ["SimReplicaSettings", "SimReplica", "create_app", "run_sim_replica", "serve_sim_replicas",
-           "synthetic_text", "SIM_VERSION"]
+           "synthetic_text", "OUTPUT_TOKEN_BASE", "SIM_VERSION"]

@@ -26,6 +26,7 @@ from contract import wire
 RID, CREATED, MODEL = "chatcmpl-0123456789abcdef", 1700000000, "Qwen/Qwen3-8B"
 CRID = "cmpl-0123456789abcdef"
 HIST, NDRAFT, K = [1, 0, 2, 3, 0], 20, 4  # 6 verify steps, 13 accepted drafts
+PIDS, OIDS = [151644, 872, 198], [9707, 1879, 13]  # return_token_ids: prompt ids, output ids
 
 
 def _spec() -> dict:
@@ -268,6 +269,30 @@ out["completion_body"] = CompletionResponse(id=CRID, created=CREATED, model=MODE
     index=0, text=" once", logprobs=None, finish_reason="length", stop_reason=None, prompt_logprobs=None,
     prompt_token_ids=None, token_ids=None, routed_experts=None)], usage=cu, system_fingerprint=None,
     kv_transfer_params=None, ec_transfer_params=None, metrics=spec()).model_dump()
+# return_token_ids: the prompt's ids once (chat: top level of the role chunk; completions: the first
+# chunk's choice), each output's ids on its choice; in whole responses, on the choice (chat: prompt ids top level)
+PIDS, OIDS = a["PIDS"], a["OIDS"]
+out["role_chunk_ids"] = ch([ChatCompletionResponseStreamChoice(index=0, delta=DeltaMessage(role="assistant",
+    content=""), logprobs=None, finish_reason=None)], prompt_token_ids=PIDS, prompt_text=None).model_dump_json(
+    exclude_unset=True)
+out["chat_chunk_ids"] = ch([ChatCompletionResponseStreamChoice(index=0, delta=DeltaMessage(content="Hello"),
+    logprobs=None, finish_reason=None, token_ids=OIDS[:1])]).model_dump_json(exclude_unset=True)
+out["chat_finish_chunk_ids"] = ch([ChatCompletionResponseStreamChoice(index=0, delta=DeltaMessage(content=" world"),
+    logprobs=None, finish_reason="length", stop_reason=None, token_ids=OIDS[1:])]).model_dump_json(exclude_unset=True)
+cci = lambda text, fr, pids, oids: CompletionStreamResponse(id=CRID, object="text_completion", created=CREATED,
+    model=MODEL, choices=[CompletionResponseStreamChoice(index=0, text=text, logprobs=None, finish_reason=fr,
+    stop_reason=None, prompt_token_ids=pids, token_ids=oids)]).model_dump_json(exclude_unset=True)
+out["completion_first_chunk_ids"] = cci(" a", None, PIDS, OIDS[:1])
+out["completion_finish_chunk_ids"] = cci(" b", "length", None, OIDS[1:])
+out["chat_body_ids"] = ChatCompletionResponse(id=RID, created=CREATED, model=MODEL, choices=[ChatCompletionResponseChoice(
+    index=0, message=ChatMessage(role="assistant", reasoning=None, content="Hi there"), logprobs=None,
+    finish_reason="stop", stop_reason=None, token_ids=OIDS, routed_experts=None)], usage=bu, system_fingerprint=None,
+    prompt_logprobs=None, prompt_token_ids=PIDS, prompt_text=None, kv_transfer_params=None, ec_transfer_params=None,
+    metrics=spec()).model_dump()
+out["completion_body_ids"] = CompletionResponse(id=CRID, created=CREATED, model=MODEL, choices=[CompletionResponseChoice(
+    index=0, text=" once", logprobs=None, finish_reason="length", stop_reason=None, prompt_logprobs=None,
+    prompt_token_ids=PIDS, token_ids=OIDS, routed_experts=None)], usage=cu, system_fingerprint=None,
+    kv_transfer_params=None, ec_transfer_params=None, metrics=spec()).model_dump()
 out["error"] = ErrorResponse(error=ErrorInfo(message="bad", type="BadRequestError", code=400, param="messages")).model_dump()
 out["models"] = ModelList(data=[ModelCard(id=MODEL, created=CREATED, max_model_len=4096, root=MODEL,
     permission=[ModelPermission(id="modelperm-x", created=CREATED)])]).model_dump()
@@ -304,7 +329,8 @@ def test_matches_vllm_protocol_models():
         if vllm_env.required():
             pytest.fail(reason, pytrace=False)
         pytest.skip(reason)
-    args = {"RID": RID, "CRID": CRID, "CREATED": CREATED, "MODEL": MODEL, "K": K, "HIST": HIST, "NDRAFT": NDRAFT}
+    args = {"RID": RID, "CRID": CRID, "CREATED": CREATED, "MODEL": MODEL, "K": K, "HIST": HIST, "NDRAFT": NDRAFT,
+            "PIDS": PIDS, "OIDS": OIDS}
     proc = subprocess.run([str(vllm_env.python()), "-c", _VLLM_REFERENCE, json.dumps(args)], capture_output=True,
                           text=True, timeout=300, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -322,6 +348,14 @@ def test_matches_vllm_protocol_models():
         "completion_finish_chunk_continuous": wire.content_chunk(CRID, CREATED, MODEL, " c", chat=False,
                                                                  finish_reason="stop", usage_counts=(2, 3)),
         "completion_usage_chunk": wire.usage_chunk(CRID, CREATED, MODEL, 2, 3, chat=False, spec=spec),
+        "role_chunk_ids": wire.role_chunk(RID, CREATED, MODEL, prompt_token_ids=PIDS),
+        "chat_chunk_ids": wire.content_chunk(RID, CREATED, MODEL, "Hello", chat=True, token_ids=OIDS[:1]),
+        "chat_finish_chunk_ids": wire.content_chunk(RID, CREATED, MODEL, " world", chat=True, finish_reason="length",
+                                                    token_ids=OIDS[1:]),
+        "completion_first_chunk_ids": wire.content_chunk(CRID, CREATED, MODEL, " a", chat=False, token_ids=OIDS[:1],
+                                                         prompt_token_ids=PIDS),
+        "completion_finish_chunk_ids": wire.content_chunk(CRID, CREATED, MODEL, " b", chat=False,
+                                                          finish_reason="length", token_ids=OIDS[1:]),
     }
     for name, obj in ours.items():
         theirs = json.loads(ref[name])
@@ -334,6 +368,14 @@ def test_matches_vllm_protocol_models():
     _same_as_vllm(wire.completion_body(chat=False, rid=CRID, created=CREATED, model=MODEL, text=" once",
                                        finish_reason="length", prompt_tokens=3, completion_tokens=1, spec=spec),
                   ref["completion_body"], "completion_body")
+    _same_as_vllm(wire.completion_body(chat=True, rid=RID, created=CREATED, model=MODEL, text="Hi there",
+                                       finish_reason="stop", prompt_tokens=9, completion_tokens=2, spec=spec,
+                                       token_ids=OIDS, prompt_token_ids=PIDS),
+                  ref["chat_body_ids"], "chat_body_ids")
+    _same_as_vllm(wire.completion_body(chat=False, rid=CRID, created=CREATED, model=MODEL, text=" once",
+                                       finish_reason="length", prompt_tokens=3, completion_tokens=1, spec=spec,
+                                       token_ids=OIDS, prompt_token_ids=PIDS),
+                  ref["completion_body_ids"], "completion_body_ids")
     _same_as_vllm(wire.error_body("bad", "BadRequestError", 400, "messages"), ref["error"], "error")
     models = wire.model_list(MODEL, CREATED, 4096)
     models["data"][0]["permission"][0]["id"] = "modelperm-x"

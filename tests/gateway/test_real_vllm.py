@@ -315,6 +315,7 @@ def test_killed_replica_ends_its_stream_and_requests_fail_over(
             ],
             tenants=[tenant("alpha", speculation={"enabled": False, "reason": "prefer the off pool"}), tenant("beta")],
             breaker_failures=2,
+            max_continuations=0,  # the in-band end; test_real_vllm_continuation.py has it continued
         )
         c = client(gw.v1(), KEYS["alpha"])
         model = victim.model

@@ -3,6 +3,7 @@ the replica — over real sockets."""
 
 from __future__ import annotations
 
+import json
 import time
 
 import httpx
@@ -47,8 +48,9 @@ def test_failover_on_5xx_then_relay_when_all_fail(start_backend, start_gateway):
 
 
 def test_mid_stream_death_sends_error_event_and_ends(start_backend, start_gateway):
+    """With continuation off (tests/gateway/test_continuation.py covers it on), a broken stream ends in-band."""
     backend = start_backend()
-    gw = start_gateway([{"url": backend.url}])
+    gw = start_gateway([{"url": backend.url}], max_continuations=0)
     backend.fake.control.update(die_after_chunks=3)
     c = openai.OpenAI(base_url=gw.v1(), api_key=KEYS["alpha"], max_retries=0, timeout=10)
     received = []
@@ -62,7 +64,10 @@ def test_mid_stream_death_sends_error_event_and_ends(start_backend, start_gatewa
 def test_circuit_breaker_stops_sending_to_failing_replica(start_backend, start_gateway):
     a = start_backend(name="a")
     b = start_backend(name="b")
-    gw = start_gateway([{"url": a.url, "name": "a"}, {"url": b.url, "name": "b"}], breaker_failures=2, breaker_open_s=60)
+    # a answers /health: a good health check would half-open its breaker (tested in test_health.py); here
+    # open replicas are not re-checked during the test, so only request failures and the breaker decide.
+    gw = start_gateway([{"url": a.url, "name": "a"}, {"url": b.url, "name": "b"}], breaker_failures=2, breaker_open_s=60,
+                       health_unhealthy_interval_s=30)
     a.fake.control.update(fail_next=1000, fail_status=500)
     for _ in range(6):
         r = httpx.post(gw.url + "/v1/chat/completions", json=CHAT, headers=AUTH)
@@ -209,8 +214,32 @@ def test_a_request_waiting_on_a_frozen_replica_fails_over_and_the_replica_comes_
     assert httpx.post(gw.url + "/v1/chat/completions", json=CHAT, headers=AUTH).headers["x-specgate-replica"] == "a"
 
 
-def test_a_stream_under_way_on_a_frozen_replica_ends_with_an_error_event_and_done(start_backend, start_gateway):
+def test_a_stream_under_way_on_a_frozen_replica_is_continued_on_another(start_backend, start_gateway):
+    """The wedge watchdog aborts the attempt; the stream goes on from `b`, token for token."""
     a, b, gw = _wedge_gateway(start_backend, start_gateway)
+    a.fake.control["chunk_delay_s"] = 0.05
+    with httpx.stream("POST", gw.url + "/v1/chat/completions", json={**CHAT, "max_tokens": 200, "stream": True}, headers=AUTH, timeout=30) as r:
+        assert r.headers["x-specgate-replica"] == "a"
+        lines = []
+        for line in r.iter_lines():
+            lines.append(line)
+            if len(lines) == 8:
+                a.fake.control["frozen"] = True
+    a.fake.control["frozen"] = False
+    data = [line[6:] for line in lines if line.startswith("data: ")]
+    assert data[-1] == "[DONE]" and data.count("[DONE]") == 1
+    chunks = [json.loads(d) for d in data[:-1]]
+    assert all("error" not in c for c in chunks)
+    text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks)
+    assert text == "".join(f" tok{i}" for i in range(200))
+    assert b.fake.recorded[-1]["path"] == "/v1/completions"  # the continuation, on b
+    metrics = httpx.get(gw.url + "/metrics").text
+    assert 'specgate_continuations_total{outcome="continued"} 1.0' in metrics
+
+
+def test_a_stream_under_way_on_a_frozen_replica_ends_with_an_error_event_and_done(start_backend, start_gateway):
+    """Continuation off: the wedged stream ends in-band."""
+    a, b, gw = _wedge_gateway(start_backend, start_gateway, max_continuations=0)
     a.fake.control["chunk_delay_s"] = 0.05
     with httpx.stream("POST", gw.url + "/v1/chat/completions", json={**CHAT, "max_tokens": 200, "stream": True}, headers=AUTH, timeout=30) as r:
         assert r.headers["x-specgate-replica"] == "a"

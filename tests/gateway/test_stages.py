@@ -16,7 +16,8 @@ from contract.store import WindowDecision
 from gateway.asgi_io import ClientGone
 from gateway.errors import GatewayError
 from gateway.metrics import GatewayMetrics
-from gateway.relay import Inflight, relay
+from gateway.inflight import Inflight
+from gateway.relay import relay
 from gateway.replicas import Registry
 from gateway.request_context import RequestContext
 from gateway.settle import account, on_error, record_spans

@@ -17,6 +17,13 @@ What it imitates, on purpose (the wire format is vLLM's, built by
   from the completion length and, with `knobs`, the per-request
   `vllm_xargs.specgate_max_draft` (0: zero steps, as on vLLM): each verify step
   accepts `accepted_per_step` of `draft_k` drafts plus the bonus token;
+* vLLM's `return_token_ids` and token-id prompts, so the gateway's stream
+  continuation can be tested: the prompt's ids (`prompt_token_ids`, once)
+  and each chunk's `token_ids`, in vLLM's places; output token `i` is
+  " tok{i}" with id `OUTPUT_BASE + i`, a text prompt's words get ids below
+  it, and a token-id prompt whose tail holds output ids continues the output
+  after them -- deterministic like greedy decoding, so a continued stream is
+  token for token the uninterrupted one. `/detokenize` decodes ids;
 * `/health`, `/v1/models`, `/metrics` (vLLM gauge names, and optionally the
   specgate extension's `specgate_ext_info{knobs="max_draft,min_confidence"}`).
 
@@ -49,6 +56,14 @@ from typing import Any
 import orjson
 
 from contract import wire
+
+
+OUTPUT_BASE = 100_000  # ids of output tokens: OUTPUT_BASE + position
+
+
+def output_text(start: int, n: int) -> str:
+    """The text of output tokens [start, start + n)."""
+    return "".join(f" tok{i}" for i in range(start, start + n))
 
 
 class _Die(Exception):
@@ -97,6 +112,10 @@ class FakeBackend:
             await asyncio.sleep(0.02)
         if method == "POST" and path in ("/v1/chat/completions", "/v1/completions"):
             await self._completion(scope, receive, send, chat=path == "/v1/chat/completions")
+        elif method == "POST" and path == "/detokenize":
+            body = orjson.loads(await _body(receive) or b"{}")
+            ids = body.get("tokens") or []
+            await _json(send, {"prompt": "".join(f" tok{i - OUTPUT_BASE}" if i >= OUTPUT_BASE else f" w{i}" for i in ids)})
         elif path == "/health":
             await _json(send, {} if self.control["healthy"] else {"error": "unhealthy"}, 200 if self.control["healthy"] else 503)
         elif path == "/v1/models":
@@ -184,20 +203,33 @@ class FakeBackend:
     # -- content --------------------------------------------------------
     def _n_tokens(self, req: dict) -> tuple[int, str]:
         """(completion tokens, finish_reason)."""
+        start = self._start(req)
         mt = req.get("max_completion_tokens") or req.get("max_tokens")
         n = max(1, min(int(mt), 256)) if isinstance(mt, int) and mt > 0 else self.tokens
-        stop = self.control.get("stop_after")  # an "EOS" before max_tokens
-        if stop and int(stop) < n:
-            return max(1, int(stop)), "stop"
+        stop = self.control.get("stop_after")  # an "EOS" at this output position, before max_tokens
+        if stop and int(stop) < start + n:
+            return max(1, int(stop) - start), "stop"
         return n, "length"
 
-    def _prompt_tokens(self, req: dict, chat: bool) -> int:
+    def _prompt_ids(self, req: dict, chat: bool) -> list[int]:
+        p = req.get("prompt")
+        if not chat and isinstance(p, list) and p and all(isinstance(i, int) for i in p):
+            return p
         if chat:
             text = " ".join(m.get("content", "") if isinstance(m.get("content"), str) else "" for m in req.get("messages", []))
         else:
-            p = req.get("prompt")
             text = p if isinstance(p, str) else " ".join(map(str, p or []))
-        return max(1, len(text.split()))
+        return [1 + sum(w.encode()) % 997 for w in text.split()] or [1]
+
+    def _prompt_tokens(self, req: dict, chat: bool) -> int:
+        return len(self._prompt_ids(req, chat))
+
+    def _start(self, req: dict) -> int:
+        """Where the output starts: after the output tokens a token-id prompt ends with."""
+        p = req.get("prompt")
+        if isinstance(p, list) and p and isinstance(p[-1], int) and p[-1] >= OUTPUT_BASE:
+            return p[-1] - OUTPUT_BASE + 1
+        return 0
 
     def _spec(self, req: dict, n: int) -> dict | None:
         """`metrics.speculative_decoding` for n completion tokens (None: not a speculative replica)."""
@@ -221,19 +253,26 @@ class FakeBackend:
         n, finish = self._n_tokens(req)
         self.generated += n
         return wire.completion_body(
-            chat=chat, rid=rid, created=self._created, model=self.model, text="".join(f" tok{i}" for i in range(n)),
+            chat=chat, rid=rid, created=self._created, model=self.model, text=output_text(self._start(req), n),
             finish_reason=finish, prompt_tokens=self._prompt_tokens(req, chat), completion_tokens=n, spec=self._spec(req, n))
 
     async def _stream(self, req: dict, chat: bool, rid: str, send, watcher: asyncio.Future) -> None:
         n, finish = self._n_tokens(req)
+        start = self._start(req)
+        ids = req.get("return_token_ids") is True
+        prompt_ids = self._prompt_ids(req, chat) if ids else None
         created, model = self._created, self.model
         await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", wire.SSE_CONTENT_TYPE.encode())]})
         events: list[dict] = []
         if chat:
-            events.append(wire.role_chunk(rid, created, model))
+            events.append(wire.role_chunk(rid, created, model, prompt_token_ids=prompt_ids))
         self.generated += n
-        for i in range(n):
-            events.append(wire.content_chunk(rid, created, model, f" tok{i}", chat=chat, finish_reason=finish if i == n - 1 else None))
+        for i in range(start, start + n):
+            last = i == start + n - 1
+            events.append(wire.content_chunk(
+                rid, created, model, f" tok{i}", chat=chat, finish_reason=finish if last else None,
+                token_ids=[OUTPUT_BASE + i] if ids else None,
+                prompt_token_ids=prompt_ids if ids and not chat and i == start else None))
         include_usage, _ = wire.stream_usage_flags(req.get("stream_options"))
         if include_usage:
             events.append(wire.usage_chunk(rid, created, model, self._prompt_tokens(req, chat), n, chat=chat, spec=self._spec(req, n)))

@@ -1,0 +1,162 @@
+"""The pure half of stream continuation: which requests can be continued,
+the continuation request, the stop-string check across the splice, and the
+ledger tap that strips what the gateway injected."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+
+from gateway.continuation import (
+    StopAcrossSplice,
+    StreamLedger,
+    continuation_body,
+    max_tokens_left,
+    unsupported,
+    withheld_text,
+)
+from gateway.splice import ContinuationTap, LedgerTap
+
+
+@pytest.mark.parametrize("body,endpoint", [
+    ({"messages": [], "temperature": 0.7, "seed": 1, "stop": ["x"]}, "chat"),
+    ({"messages": [], "tools": [{"type": "function"}], "tool_choice": "none"}, "chat"),
+    ({"messages": [], "n": 1, "logprobs": False, "frequency_penalty": 0.0}, "chat"),
+    ({"prompt": "x", "response_format": {"type": "text"}}, "completions"),
+    ({"prompt": [1, 2, 3]}, "completions"),
+    ({"prompt": ["one prompt"]}, "completions"),
+])
+def test_continuable(body, endpoint):
+    assert unsupported(body, endpoint) is None
+
+
+@pytest.mark.parametrize("body,endpoint,why", [
+    ({"messages": [], "n": 2}, "chat", "more than one"),
+    ({"prompt": "x", "best_of": 3}, "completions", "more than one"),
+    ({"messages": [], "logprobs": True}, "chat", "logprobs"),
+    ({"prompt": "x", "logprobs": 0}, "completions", "logprobs"),
+    ({"prompt": "x", "echo": True}, "completions", "echo"),
+    ({"messages": [], "response_format": {"type": "json_schema", "json_schema": {}}}, "chat", "structured"),
+    ({"prompt": "x", "structured_outputs": {"regex": "a+"}}, "completions", "structured"),
+    ({"messages": [], "tools": [{"type": "function"}]}, "chat", "tool"),
+    ({"messages": [], "presence_penalty": 0.3}, "chat", "penalty"),
+    ({"prompt": ["a", "b"]}, "completions", "several prompts"),
+    ({"prompt": "x", "suffix": "y"}, "completions", "suffix"),
+])
+def test_not_continuable(body, endpoint, why):
+    assert why in unsupported(body, endpoint)
+
+
+def ledger(prompt, sent, text="") -> StreamLedger:
+    led = StreamLedger()
+    led.prompt_ids = prompt
+    led.took(sent, text)
+    return led
+
+
+def test_continuation_body_is_the_token_prompt_and_the_rest_of_the_budget():
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 10, "max_tokens": 99,
+            "min_tokens": 4, "temperature": 0.9, "top_p": 0.5, "seed": 3, "stop": ["END"], "logit_bias": {"5": 1.0},
+            "stream_options": {"include_usage": False}, "tools": None, "return_token_ids": True}
+    out = continuation_body(body, "chat", ledger([1, 2], [7, 8, 9]), {"specgate_max_draft": 2})
+    assert out == {"model": "m", "prompt": [1, 2, 7, 8, 9], "temperature": 0.9, "top_p": 0.5, "seed": 3, "stop": ["END"],
+                   "logit_bias": {"5": 1.0}, "max_tokens": 7, "min_tokens": 1, "vllm_xargs": {"specgate_max_draft": 2},
+                   "stream": True, "stream_options": {"include_usage": True}, "return_token_ids": True}
+
+
+def test_max_tokens_left_follows_each_endpoints_default():
+    assert max_tokens_left({}, "completions", 5) == 11  # vLLM's completions default is 16
+    assert max_tokens_left({"max_tokens": None}, "completions", 5) is None
+    assert max_tokens_left({}, "chat", 5) is None  # chat: what fits in the context
+    assert max_tokens_left({"max_tokens": 8}, "chat", 5) == 3
+    assert continuation_body({"model": "m"}, "chat", ledger([1], [2]), None)["max_tokens"] is None
+
+
+def test_withheld_text_is_what_the_ids_decode_to_beyond_what_was_sent():
+    assert withheld_text("hello wor", "hello ") == "wor"
+    assert withheld_text("hello \ufffd", "hello ") == ""  # an incomplete character comes whole from the continuation
+    assert withheld_text("hullo", "hello") is None
+
+
+def test_stop_string_across_the_splice_ends_the_stream_where_vllm_would():
+    stop = StopAcrossSplice(["STOP"], include=False, sent_text="abc S", withheld="T")
+    assert stop.feed("O") == ("", None)  # could still be the start of STOP: held back
+    assert stop.feed("Pxyz") == ("", "STOP")  # "S" was sent before the break: nothing more
+
+
+def test_stop_string_found_after_the_splice_keeps_the_text_before_it():
+    stop = StopAcrossSplice(["<end>", "##"], include=False, sent_text="abc", withheld="")
+    out = []
+    for piece in ["de", "f <e", "nd> more"]:
+        text, hit = stop.feed(piece)
+        out.append(text)
+        if hit:
+            break
+    assert "".join(out) == "def " and hit == "<end>"
+
+
+def test_stop_string_included_in_the_output_when_asked():
+    stop = StopAcrossSplice(["##"], include=True, sent_text="x#", withheld="")
+    assert stop.feed("#tail") == ("#", "##")
+
+
+def test_no_stop_string_releases_everything_at_the_end():
+    stop = StopAcrossSplice(["STOP"], include=False, sent_text="", withheld="ab")
+    text, hit = stop.feed("cdef")
+    assert (text, hit) == ("abc", None)
+    assert stop.flush() == "def"
+
+
+def sse(obj) -> bytes:
+    return b"data: " + orjson.dumps(obj) + b"\n\n"
+
+
+def test_ledger_tap_records_ids_and_strips_them_for_the_client():
+    led = StreamLedger()
+    tap = LedgerTap(strip_usage=True, strip_ids=True, chat=True, ledger=led)
+    role = {"id": "c1", "object": "chat.completion.chunk", "created": 5, "model": "m", "prompt_token_ids": [1, 2],
+            "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}]}
+    tok = {"id": "c1", "object": "chat.completion.chunk", "created": 5, "model": "m",
+           "choices": [{"index": 0, "delta": {"content": " hi"}, "logprobs": None, "finish_reason": None, "token_ids": [42]}]}
+    empty = {"id": "c1", "object": "chat.completion.chunk", "created": 5, "model": "m",
+             "choices": [{"index": 0, "delta": {}, "logprobs": None, "finish_reason": None, "token_ids": [43]}]}
+    usage = {"id": "c1", "object": "chat.completion.chunk", "created": 5, "model": "m", "choices": [],
+             "usage": {"prompt_tokens": 2, "completion_tokens": 2, "total_tokens": 4}}
+    raw = sse(role) + sse(tok) + sse(empty) + sse(usage) + b"data: [DONE]\n\n"
+    out = tap.feed(raw[:37]) + tap.feed(raw[37:])
+    events = [e for e in out.split(b"\n\n") if e]
+    assert [orjson.loads(e[6:]) for e in events[:-1]] == [
+        {**{k: v for k, v in role.items() if k != "prompt_token_ids"}},
+        {**tok, "choices": [{k: v for k, v in tok["choices"][0].items() if k != "token_ids"}]},
+    ]  # the empty delta existed only for its ids; the usage chunk was asked for by the gateway
+    assert events[-1] == b"data: [DONE]" and tap.saw_done
+    assert (led.id, led.created, led.model, led.prompt_ids, led.sent_ids, led.sent_text) == ("c1", 5, "m", [1, 2], [42, 43], " hi")
+    assert tap.usage == usage["usage"]
+
+
+def test_ledger_tap_notes_an_engine_error_event_instead_of_forwarding_it():
+    tap = LedgerTap(strip_usage=False, strip_ids=False, chat=False, ledger=StreamLedger())
+    assert tap.feed(sse({"error": {"message": "engine died", "code": 500}})) == b""
+    assert tap.error["error"]["message"] == "engine died"
+
+
+def test_continuation_tap_rewrites_completion_chunks_into_the_clients_chat_stream():
+    led = ledger([1], [100], " a")
+    led.id, led.created, led.model = "chatcmpl-x", 9, "m"
+    tap = ContinuationTap(led, chat=True, client_ids=False, continuous=False, stop=None)
+    cont = {"id": "cmpl-y", "object": "text_completion", "created": 11, "model": "m",
+            "choices": [{"index": 0, "text": " b", "logprobs": None, "finish_reason": None, "stop_reason": None,
+                         "prompt_token_ids": [1, 100], "token_ids": [101]}]}
+    last = {**cont, "choices": [{**cont["choices"][0], "text": " c", "finish_reason": "length", "token_ids": [102]}]}
+    usage = {"id": "cmpl-y", "object": "text_completion", "created": 11, "model": "m", "choices": [],
+             "usage": {"prompt_tokens": 2, "completion_tokens": 2, "total_tokens": 4}}
+    out = tap.feed(sse(cont) + sse(last) + sse(usage) + b"data: [DONE]\n\n")
+    events = [orjson.loads(e[6:]) for e in out.split(b"\n\n") if e]
+    assert events == [
+        {"id": "chatcmpl-x", "object": "chat.completion.chunk", "created": 9, "model": "m",
+         "choices": [{"index": 0, "delta": {"content": " b"}, "logprobs": None, "finish_reason": None}]},
+        {"id": "chatcmpl-x", "object": "chat.completion.chunk", "created": 9, "model": "m",
+         "choices": [{"index": 0, "delta": {"content": " c"}, "logprobs": None, "finish_reason": "length", "stop_reason": None}]},
+    ]
+    assert tap.done and tap.saw_done and led.sent_ids == [100, 101, 102] and led.sent_text == " a b c"
+    assert led.usage() == {"prompt_tokens": 1, "total_tokens": 4, "completion_tokens": 3}

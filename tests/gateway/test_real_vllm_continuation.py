@@ -1,0 +1,170 @@
+"""Stream continuation on REAL vLLM CPU servers (tiny random Qwen3, greedy):
+a stream whose replica dies mid-way is continued on another replica serving
+the same model, and the client (the real openai SDK, or raw SSE where the
+`[DONE]` count matters) receives exactly the text of an uninterrupted run.
+
+Replicas: the shared ngram-speculating server (the survivor: ngram
+speculation is lossless under greedy decoding, see test_real_vllm.py), and
+either a private server that is SIGKILLed or the shared plain server behind
+a `CutProxy` (tests/support/cut_proxy.py), which makes "the client got
+exactly N events, then the replica's connection died" deterministic however
+fast the tiny model decodes. The gateway prefers the victim (tenant alpha's
+policy routes to the `off` pool), so every stream starts there.
+"""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import openai
+import pytest
+
+from tests.gateway.conftest import KEYS, tenant
+from tests.support.cut_proxy import CutProxy
+from tests.vllm_support.fixtures import (  # noqa: F401  (pytest fixtures)
+    plain_server_spec,
+    tiny_model_dir,
+    vllm_available,
+    vllm_log_dir,
+    vllm_ngram_server,
+    vllm_plain_server,
+)
+from tests.vllm_support.launcher import VllmServer
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+
+CHAT = [{"role": "user", "content": "Tell me about the quick brown fox. The quick brown fox jumps over the lazy dog."}]
+PROMPT = "one two three four one two three four one two"
+N = 160  # completion tokens: the break comes after HOLD of them
+HOLD = 12
+TENANTS = [tenant("alpha", speculation={"enabled": False, "reason": "prefer the off pool"}), tenant("beta")]
+
+
+def gateway_for(start_gateway, victim_url: str, survivor_url: str):
+    return start_gateway([{"url": victim_url, "name": "victim", "profile": "off"}, {"url": survivor_url, "name": "ngram"}],
+                         tenants=TENANTS, health_interval_s=30.0)
+
+
+def sse_data(r: httpx.Response) -> list[str]:
+    return [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
+
+
+def continued(gw) -> float:
+    for line in httpx.get(gw.url + "/metrics").text.splitlines():
+        if line.startswith('specgate_continuations_total{outcome="continued"}'):
+            return float(line.split()[-1])
+    return 0.0
+
+
+@pytest.fixture
+def cut_plain(vllm_plain_server):
+    port = int(vllm_plain_server.url.rsplit(":", 1)[1])
+    proxy = CutProxy(port)
+    yield proxy
+    proxy.close()
+
+
+def test_killed_replicas_greedy_chat_stream_continues_token_for_token(start_gateway, vllm_ngram_server, vllm_plain_server,
+                                                                     tiny_model_dir, vllm_log_dir):
+    """The issue's proof: SIGKILL the replica mid-stream; the client's text equals the uninterrupted run's."""
+    model = vllm_plain_server.model
+    reference = openai.OpenAI(base_url=vllm_plain_server.base_url, api_key="none", max_retries=0).chat.completions.create(
+        model=model, messages=CHAT, max_tokens=N, temperature=0, extra_body={"ignore_eos": True})
+    with VllmServer(plain_server_spec(tiny_model_dir, name="victim-continued"), vllm_log_dir) as victim:
+        proxy = CutProxy(victim.port)
+        try:
+            gw = gateway_for(start_gateway, proxy.url, vllm_ngram_server.url)
+            via = openai.OpenAI(base_url=gw.v1(), api_key=KEYS["alpha"], max_retries=0, timeout=120)
+            proxy.arm(HOLD)
+            stream = via.chat.completions.create(model=model, messages=CHAT, max_tokens=N, temperature=0, stream=True,
+                                                 extra_body={"ignore_eos": True})
+            assert stream.response.headers["x-specgate-replica"] == "victim"
+            chunks = []
+            for chunk in stream:
+                chunks.append(chunk)
+                if len(chunks) == 1:
+                    assert proxy.holding.wait(60), "the stream never reached the break point"
+                    victim.kill()
+        finally:
+            proxy.close()
+    assert not victim.alive()
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == reference.choices[0].message.content
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+    assert {c.id for c in chunks} == {chunks[0].id}
+    assert all(c.usage is None for c in chunks)  # include_usage off: the gateway's own usage chunk stays out
+    assert continued(gw) == 1
+
+
+@pytest.mark.parametrize("include_usage", [True, False])
+@pytest.mark.parametrize("endpoint", ["completions", "chat"])
+def test_broken_stream_continues_exactly(start_gateway, vllm_ngram_server, vllm_plain_server, cut_plain, endpoint,
+                                         include_usage):
+    """Raw SSE: one [DONE], no error event, the uninterrupted text and usage."""
+    model = vllm_plain_server.model
+    ask = {"model": model, "max_tokens": N, "temperature": 0, "ignore_eos": True}
+    ask.update({"messages": CHAT} if endpoint == "chat" else {"prompt": PROMPT})
+    path = "/v1/chat/completions" if endpoint == "chat" else "/v1/completions"
+    reference = httpx.post(vllm_plain_server.url + path, json=ask, timeout=120).json()
+    gw = gateway_for(start_gateway, cut_plain.url, vllm_ngram_server.url)
+    cut_plain.arm(HOLD)
+    body = {**ask, "stream": True}
+    if include_usage:
+        body["stream_options"] = {"include_usage": True}
+    with httpx.stream("POST", gw.url + path, json=body, headers={"authorization": f"Bearer {KEYS['alpha']}"},
+                      timeout=120) as r:
+        assert r.headers["x-specgate-replica"] == "victim"
+        data = sse_data(r)
+    assert cut_plain.holding.is_set()
+    assert data[-1] == "[DONE]" and data.count("[DONE]") == 1
+    events = [json.loads(d) for d in data[:-1]]
+    assert not any("error" in e for e in events)
+    choices = [e["choices"][0] for e in events if e["choices"]]
+    if endpoint == "chat":
+        text = "".join(c["delta"].get("content") or "" for c in choices)
+        assert text == reference["choices"][0]["message"]["content"]
+    else:
+        text = "".join(c["text"] for c in choices)
+        assert text == reference["choices"][0]["text"]
+    assert not any("token_ids" in c or "prompt_token_ids" in c for c in choices)  # injected, stripped
+    usage = [e for e in events if e.get("usage")]
+    if include_usage:
+        assert len(usage) == 1 and usage[0] is events[-1] and usage[0]["choices"] == []
+        ref = reference["usage"]
+        assert (usage[0]["usage"]["prompt_tokens"], usage[0]["usage"]["completion_tokens"]) == (ref["prompt_tokens"], N)
+    else:
+        assert usage == []
+    assert continued(gw) == 1
+
+
+def test_stop_string_spanning_the_splice_still_stops(start_gateway, vllm_ngram_server, vllm_plain_server, cut_plain):
+    """The stop string starts in the last token the client got before the break and ends in the
+    continuation's first: vLLM never sees it whole, the gateway must stop there as vLLM would have."""
+    model = vllm_plain_server.model
+    base = {"model": model, "prompt": PROMPT, "max_tokens": 60, "temperature": 0, "extra_body": {"ignore_eos": True}}
+    direct = openai.OpenAI(base_url=vllm_plain_server.base_url, api_key="none", max_retries=0)
+    pieces = [c.choices[0].text for c in direct.completions.create(**base, stream=True)]
+    full = "".join(pieces)
+    stop = k = None
+    for k in range(HOLD, 40):  # a stop string across the boundary between token k-1 and token k
+        left, right = pieces[k - 1], pieces[k]
+        if not left or not right:
+            continue
+        candidate = left[-2:] + right[:2]
+        if full.find(candidate) == len("".join(pieces[:k])) - len(left[-2:]):
+            stop = candidate
+            break
+    assert stop is not None, f"no boundary-spanning stop string in {pieces[:40]!r}"
+    expected = direct.completions.create(**base, stop=[stop])
+    assert expected.choices[0].finish_reason == "stop"
+    assert expected.choices[0].text == full[: full.find(stop)]
+
+    gw = gateway_for(start_gateway, cut_plain.url, vllm_ngram_server.url)
+    cut_plain.arm(k)  # completions: event i carries token i, so the client gets tokens 0..k-1
+    via = openai.OpenAI(base_url=gw.v1(), api_key=KEYS["alpha"], max_retries=0, timeout=120)
+    chunks = list(via.completions.create(**base, stop=[stop], stream=True))
+    assert cut_plain.holding.is_set()
+    assert "".join(c.choices[0].text for c in chunks) == expected.choices[0].text
+    assert chunks[-1].choices[0].finish_reason == "stop"
+    assert continued(gw) == 1
