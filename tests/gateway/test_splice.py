@@ -178,3 +178,21 @@ async def test_a_continued_stream_is_charged_once_and_attributed_per_replica(sta
         await store.close()
     assert metric(gw, 'specgate_tokens_total{kind="prompt",tenant="beta"} 3.0')
     assert metric(gw, 'specgate_tokens_total{kind="completion",tenant="beta"} 10.0')
+
+
+def test_an_engine_error_event_mid_stream_is_continued_not_forwarded(start_backend, start_gateway):
+    a, b, gw = two(start_backend, start_gateway, die_a=None)
+    a.fake.control["error_after_chunks"] = 5  # role chunk + 4 tokens, then vLLM's in-band engine error
+    chunks = list(client(gw).chat.completions.create(model="fake-model", messages=MSG, max_tokens=12, stream=True))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == output_text(0, 12)
+    assert backend_requests(b)[-1]["body"]["prompt"][-4:] == [OUTPUT_BASE + i for i in range(4)]
+
+
+def test_a_replica_silent_past_the_read_timeout_is_continued_elsewhere(start_backend, start_gateway):
+    a, b, gw = two(start_backend, start_gateway, die_a=None, read_timeout_s=0.4)
+    a.fake.control["chunk_delay_s"] = 5.0  # the first event, then silence
+    started = time.monotonic()
+    chunks = list(client(gw).completions.create(model="fake-model", prompt="p", max_tokens=10, stream=True))
+    assert "".join(c.choices[0].text for c in chunks) == output_text(0, 10)
+    assert time.monotonic() - started < 4
+    assert backend_requests(b)[-1]["body"]["prompt"][-1] == OUTPUT_BASE  # a sent token 0 only

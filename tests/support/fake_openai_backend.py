@@ -28,9 +28,10 @@ What it imitates, on purpose (the wire format is vLLM's, built by
   specgate extension's `specgate_ext_info{knobs="max_draft,min_confidence"}`).
 
 Test controls (never part of the OpenAI surface): `POST /_fake/control` with
-`{"fail_next": n, "fail_status": 500, "die_after_chunks": k, "delay_s": x,
+`{"fail_next": n, "fail_status": 500, "die_after_chunks": k, "error_after_chunks": k, "delay_s": x,
 "chunk_delay_s": y, "linger_s": z, "stop_after": n, "healthy": bool, "frozen": bool,
-"stalled": bool}` (`linger_s`: keep a finished stream's connection open that
+"stalled": bool}` (`error_after_chunks`: after k events, an engine error event
+and `[DONE]`, as vLLM sends when its engine fails mid-stream; `linger_s`: keep a finished stream's connection open that
 long after `[DONE]`, as a replica may before its server closes it; `frozen`:
 every request but the controls waits unanswered, as a SIGSTOPped process
 would; `stalled`: completions are taken in and counted as running but make
@@ -89,7 +90,7 @@ class FakeBackend:
         self.knobs = knobs
         self.draft_k = draft_k
         self.accepted_per_step = accepted_per_step
-        self.control: dict[str, Any] = {"fail_next": 0, "fail_status": 500, "die_after_chunks": None, "delay_s": 0.0, "chunk_delay_s": 0.0, "linger_s": 0.0, "healthy": True, "frozen": False, "stalled": False}
+        self.control: dict[str, Any] = {"fail_next": 0, "fail_status": 500, "die_after_chunks": None, "error_after_chunks": None, "delay_s": 0.0, "chunk_delay_s": 0.0, "linger_s": 0.0, "healthy": True, "frozen": False, "stalled": False}
         self.recorded: collections.deque = collections.deque(maxlen=record)
         self.stats = {"requests": 0, "completed": 0, "cancelled": 0}
         self.running = 0
@@ -277,8 +278,11 @@ class FakeBackend:
         if include_usage:
             events.append(wire.usage_chunk(rid, created, model, self._prompt_tokens(req, chat), n, chat=chat, spec=self._spec(req, n)))
         die = self.control["die_after_chunks"]
+        fail = self.control["error_after_chunks"]
         delay = float(self.control["chunk_delay_s"] or 0)
         linger = float(self.control["linger_s"] or 0)
+        if fail is not None:
+            events[fail:] = [wire.error_body("engine core failed (test control)", "InternalServerError", 500)]
         if not delay and die is None:
             payload = b"".join(map(wire.sse, events)) + wire.DONE
             await send({"type": "http.response.body", "body": payload, "more_body": linger > 0})
