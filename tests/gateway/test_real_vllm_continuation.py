@@ -76,7 +76,7 @@ def test_killed_replicas_greedy_chat_stream_continues_token_for_token(start_gate
         try:
             gw = gateway_for(start_gateway, proxy.url, vllm_ngram_server.url)
             via = openai.OpenAI(base_url=gw.v1(), api_key=KEYS["alpha"], max_retries=0, timeout=120)
-            proxy.arm(HOLD)
+            proxy.arm(HOLD, cut=False)  # held until the kill breaks it
             stream = via.chat.completions.create(model=model, messages=CHAT, max_tokens=N, temperature=0, stream=True,
                                                  extra_body={"ignore_eos": True})
             assert stream.response.headers["x-specgate-replica"] == "victim"

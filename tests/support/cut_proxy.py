@@ -8,9 +8,9 @@ server, the whole stream may already sit in socket buffers (it happened in
 CI). The relay forwards a completion response up to and including its N-th
 event (`hold_after_events`), then forwards nothing more: it keeps reading
 and discards, as a dead process's unsent output is lost. The break then
-comes either from the replica (kill it: the relay sees its connection end
-and resets the gateway's) or from `cut()` (a connection reset, as a network
-failure or a crashed host gives). Other requests (health, metrics) pass
+comes either at once (`arm(n)`: a connection reset, as a network failure or
+a crashed host gives) or from the replica (`arm(n, cut=False)`, then kill
+it: the relay sees its connection end and resets the gateway's). Other requests (health, metrics) pass
 untouched. Plain threads and sockets, no asyncio: the gateway under test
 runs its own loop.
 """
@@ -29,13 +29,17 @@ class CutProxy:
         self.port = self._listener.getsockname()[1]
         self.url = f"http://{host}:{self.port}"
         self.hold_after_events: int | None = None  # arm: break the next completion stream after this many events
+        self.cut_at_hold = True
         self.holding = threading.Event()  # a stream is being held (its client got exactly N events)
         self._held: list[socket.socket] = []
         self._stop = False
         threading.Thread(target=self._accept, daemon=True).start()
 
-    def arm(self, events: int) -> None:
+    def arm(self, events: int, cut: bool = True) -> None:
+        """Break the next completion stream after `events` events: at once
+        (`cut`, a connection reset), or when the replica's side ends (kill it)."""
         self.holding.clear()
+        self.cut_at_hold = cut
         self.hold_after_events = events
 
     def cut(self) -> None:
@@ -97,14 +101,25 @@ class CutProxy:
                         client.sendall(data[:i] if i else b"")
                         held = True
                         self.hold_after_events = None
-                        self._held.append(client)
                         self.holding.set()
+                        if self.cut_at_hold:
+                            # The connection ends now, mid-body, not when the replica's keep-alive does;
+                            # with a FIN, not a reset: a reset would drop what the gateway has not read yet.
+                            for sock in (client, up):
+                                try:
+                                    sock.shutdown(socket.SHUT_RDWR)
+                                except OSError:
+                                    pass
+                                _close(sock)
+                            return
+                        self._held.append(client)
                         continue
                 client.sendall(data)
         except OSError:
             pass
-        # The replica's side ended (killed, or closed): so does the gateway's, abruptly.
+        # Cut, or the replica's side ended (killed): the gateway's ends abruptly.
         _reset(client)
+        _close(up)
 
 
 def _reset(s: socket.socket) -> None:
