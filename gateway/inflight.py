@@ -57,6 +57,17 @@ class InflightRequests:
         return n
 
 
+def take_abort(ctx: RequestContext, reason: str) -> bool:
+    """Whether the cancellation being handled is the gateway's own `abort`
+    with `reason` (not the client leaving, not a shutdown); if so it is
+    consumed: the task is uncancelled and may go on (fail over, continue)."""
+    if ctx.abort_reason != reason or ctx.client_gone:
+        return False
+    ctx.abort_reason = None
+    asyncio.current_task().uncancel()
+    return True
+
+
 class Inflight:
     """`with Inflight(replica, ctx):` one upstream attempt counts in the
     replica's load from before its request is sent until its response is done

@@ -21,9 +21,9 @@ from contract.knobs import merged_xargs
 from .continuation import ContinuationRequest, StreamLedger, unsupported
 from .deps import RequestPathState
 from .errors import GatewayError
-from .inflight import Inflight
+from .inflight import Inflight, take_abort
 from .request_context import RequestContext
-from .splice import LedgerTap, continue_stream
+from .splice import LedgerTap, continue_stream, not_continued
 from .sse import StreamTap, error_event
 from .upstream import UpstreamBroken, UpstreamConnectError, UpstreamTimeout, read_whole
 
@@ -149,7 +149,7 @@ async def _attempts(state: RequestPathState, ctx: RequestContext, ranked: list, 
                 timed_out = True
                 continue
             except asyncio.CancelledError:
-                if not _take_abort(ctx, "replica_wedged"):
+                if not take_abort(ctx, "replica_wedged"):
                     _shutdown_check(ctx)
                     raise
                 _failed(state, ctx, replica, "wedged")
@@ -186,17 +186,6 @@ def _answered(state: RequestPathState, ctx: RequestContext, replica, span) -> No
     ctx.replica = replica
     if span is not None:
         span.set_attribute("specgate.replica", replica.name)
-
-
-def _take_abort(ctx: RequestContext, reason: str) -> bool:
-    """Whether the cancellation being handled is the gateway's own `abort`
-    with `reason` (not the client leaving, not a shutdown); if so it is
-    consumed: the task is uncancelled and may go on (fail over)."""
-    if ctx.abort_reason != reason or ctx.client_gone:
-        return False
-    ctx.abort_reason = None
-    asyncio.current_task().uncancel()
-    return True
 
 
 def _shutdown_check(ctx: RequestContext) -> None:
@@ -364,8 +353,7 @@ async def _relay_stream(state: RequestPathState, ctx: RequestContext, resp, chun
                 if await continue_stream(state, ctx, req, ledger, replica, ranked, send, _perf()):
                     return
             else:
-                metrics.child(metrics.continuations, "unsupported").inc()
-                log.info("stream not continued", extra={"fields": {"request_id": ctx.request_id, "why": bodies.not_continuable}})
+                not_continued(metrics, ctx, "unsupported", bodies.not_continuable)
             if ended == "replica_wedged":
                 metrics.child(metrics.aborted, ended, "error_event").inc()
         message, code, status = _STREAM_ENDS[ended]

@@ -37,7 +37,7 @@ from .continuation import (
     withheld_text,
 )
 from .deps import RequestPathState
-from .inflight import Inflight
+from .inflight import Inflight, take_abort
 from .request_context import RequestContext
 from .upstream import UpstreamBroken, UpstreamConnectError, UpstreamTimeout, read_whole
 
@@ -241,9 +241,7 @@ async def continue_stream(state: RequestPathState, ctx: RequestContext, req: Con
     metrics = state.metrics
     why = ledger.why_not()
     if why is not None:
-        metrics.child(metrics.continuations, "unsupported").inc()
-        _log(ctx, "stream not continued", why=why)
-        return False
+        return not_continued(metrics, ctx, "unsupported", why)
     if ledger.finish_reason is not None:
         # Broken after its last token: nothing to generate, only the end to send.
         metrics.child(metrics.continuations, "continued").inc()
@@ -258,19 +256,15 @@ async def continue_stream(state: RequestPathState, ctx: RequestContext, req: Con
     for _ in range(g.max_continuations):
         replica = _next_replica(ranked, broken, tried)
         if replica is None:
-            metrics.child(metrics.continuations, "failed").inc()
-            _log(ctx, "stream not continued", why="no healthy replica serves the model")
-            return False
+            return not_continued(metrics, ctx, "failed", "no healthy replica serves the model")
         tried.append(replica)
         replica.breaker.on_attempt(time.monotonic())
         with Inflight(replica, ctx):
             try:
                 outcome = await _one(state, ctx, req, ledger, replica, post, headers, send, g.first_byte_timeout_s, t_break)
             except asyncio.CancelledError:
-                if ctx.abort_reason != "replica_wedged" or ctx.client_gone:
+                if not take_abort(ctx, "replica_wedged"):
                     raise
-                ctx.abort_reason = None
-                asyncio.current_task().uncancel()
                 outcome = "broken"
         if outcome == "done":
             replica.breaker.on_success()
@@ -283,11 +277,15 @@ async def continue_stream(state: RequestPathState, ctx: RequestContext, req: Con
             break
         why = ledger.why_not()
         if why is not None:
-            metrics.child(metrics.continuations, "unsupported").inc()
-            _log(ctx, "stream not continued", why=why)
-            return False
-    metrics.child(metrics.continuations, "exhausted" if tried else "failed").inc()
-    _log(ctx, "stream not continued", why=f"{len(tried)} continuation attempt(s) failed")
+            return not_continued(metrics, ctx, "unsupported", why)
+    return not_continued(metrics, ctx, "exhausted" if tried else "failed", f"{len(tried)} continuation attempt(s) failed")
+
+
+def not_continued(metrics, ctx: RequestContext, outcome: str, why: str | None) -> bool:
+    """Count and log a stream that ends with the error event instead of
+    being continued; returns False (what `continue_stream` answers then)."""
+    metrics.child(metrics.continuations, outcome).inc()
+    _log(ctx, "stream not continued", why=why)
     return False
 
 

@@ -214,18 +214,26 @@ def test_a_request_waiting_on_a_frozen_replica_fails_over_and_the_replica_comes_
     assert httpx.post(gw.url + "/v1/chat/completions", json=CHAT, headers=AUTH).headers["x-specgate-replica"] == "a"
 
 
-def test_a_stream_under_way_on_a_frozen_replica_is_continued_on_another(start_backend, start_gateway):
-    """The wedge watchdog aborts the attempt; the stream goes on from `b`, token for token."""
-    a, b, gw = _wedge_gateway(start_backend, start_gateway)
+def _stream_freezing_a_after(gw, a, n_lines: int):
+    """A 200-token chat stream that starts on `a`, which freezes (like
+    SIGSTOP) once the client has read `n_lines` lines; `a` thaws after.
+    Returns the lines read and the response."""
     a.fake.control["chunk_delay_s"] = 0.05
     with httpx.stream("POST", gw.url + "/v1/chat/completions", json={**CHAT, "max_tokens": 200, "stream": True}, headers=AUTH, timeout=30) as r:
         assert r.headers["x-specgate-replica"] == "a"
         lines = []
         for line in r.iter_lines():
             lines.append(line)
-            if len(lines) == 8:
+            if len(lines) == n_lines:
                 a.fake.control["frozen"] = True
     a.fake.control["frozen"] = False
+    return lines, r
+
+
+def test_a_stream_under_way_on_a_frozen_replica_is_continued_on_another(start_backend, start_gateway):
+    """The wedge watchdog aborts the attempt; the stream goes on from `b`, token for token."""
+    a, b, gw = _wedge_gateway(start_backend, start_gateway)
+    lines, _ = _stream_freezing_a_after(gw, a, 8)
     data = [line[6:] for line in lines if line.startswith("data: ")]
     assert data[-1] == "[DONE]" and data.count("[DONE]") == 1
     chunks = [json.loads(d) for d in data[:-1]]
@@ -240,15 +248,7 @@ def test_a_stream_under_way_on_a_frozen_replica_is_continued_on_another(start_ba
 def test_a_stream_under_way_on_a_frozen_replica_ends_with_an_error_event_and_done(start_backend, start_gateway):
     """Continuation off: the wedged stream ends in-band."""
     a, b, gw = _wedge_gateway(start_backend, start_gateway, max_continuations=0)
-    a.fake.control["chunk_delay_s"] = 0.05
-    with httpx.stream("POST", gw.url + "/v1/chat/completions", json={**CHAT, "max_tokens": 200, "stream": True}, headers=AUTH, timeout=30) as r:
-        assert r.headers["x-specgate-replica"] == "a"
-        lines = []
-        for line in r.iter_lines():
-            lines.append(line)
-            if len(lines) == 4:
-                a.fake.control["frozen"] = True
-    a.fake.control["frozen"] = False
+    lines, r = _stream_freezing_a_after(gw, a, 4)
     data = [line for line in lines if line.startswith("data: ")]
     assert data[-1] == "data: [DONE]"
     error = data[-2]
