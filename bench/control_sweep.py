@@ -70,6 +70,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from contract.knobs import merged_xargs  # noqa: E402
 from contract.policy import PolicySet  # noqa: E402
+from contract.profiles import BLOCK_SIZES  # noqa: E402
 from contract.settings import Settings, load_settings  # noqa: E402
 from contract.telemetry import TelemetryCounters  # noqa: E402
 from controller.actuation import GatedActuator, PlanGate  # noqa: E402
@@ -416,7 +417,8 @@ def best_static_per_phase(statics: list[Result], n_phases: int, total: float) ->
 
 def bench_settings(config: str | None, assignments: list[str]) -> Settings:
     """specgate's settings tree for the controller under test: `--config` YAML and
-    SPECGATE_* variables as in production, plus `--set dotted.key=value` (highest)."""
+    SPECGATE_* variables as in production, plus `--set dotted.key=value` (highest);
+    `controller.decision.drafter` defaults to what the simulated fleet loads."""
     overrides: dict = {}
     for item in assignments:
         key, sep, raw = item.partition("=")
@@ -427,7 +429,17 @@ def bench_settings(config: str | None, assignments: list[str]) -> Settings:
         for part in path:
             node = node.setdefault(part, {})
         node[leaf] = yaml.safe_load(raw)
-    return load_settings(config, **overrides)
+    settings = load_settings(config, **overrides)
+    if settings.controller.decision.drafter.method is None:
+        # The simulated replicas load a DSpark drafter for every block size a
+        # profile names (drafters.sim), so the operator of this fleet tells the
+        # controller so, as `controller.decision.drafter` asks of a real one;
+        # without it the fleet plan keeps each replica within its own block.
+        drafter = {"method": "dspark", "speculative_tokens": max(BLOCK_SIZES)}
+        decision = overrides.setdefault("controller", {}).setdefault("decision", {})
+        decision["drafter"] = drafter
+        settings = load_settings(config, **overrides)
+    return settings
 
 
 def run_jobs(fn, jobs: list, workers: int) -> list[Result]:

@@ -74,6 +74,7 @@ import signal
 import sys
 import time
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 
 import httpx
@@ -230,7 +231,9 @@ async def drive(gateway: Gateway, replicas: dict[str, str], step: Step, args: ar
     if controller:
         async with httpx.AsyncClient() as client:
             admin = {
-                "decisions": ((await admin_get(client, gateway.url, "/admin/decisions?limit=500")) or {}).get("data", []),
+                # The admin API gives ISO-8601 times; the report does arithmetic on epoch seconds.
+                "decisions": [{**d, "at": datetime.fromisoformat(d["at"]).timestamp()} for d in
+                              ((await admin_get(client, gateway.url, "/admin/decisions?limit=500")) or {}).get("data", [])],
                 "tenants": await admin_get(client, gateway.url, "/admin/tenants"),
                 "replicas": await admin_get(client, gateway.url, "/admin/replicas"),
                 "policy_samples": trace.policy_samples,

@@ -18,6 +18,21 @@ from .keys import POLICIES_CHANNEL, POLICIES_KEY, POLICIES_VERSION_KEY
 from .store import Store
 
 DEFAULT_TENANT = "*"  # policy applied to tenants that have none of their own
+# The tenant every caller is served as when no tenants are configured and
+# `gateway.allow_anonymous` is on (gateway.auth); the admin API and /metrics name it too.
+ANONYMOUS_TENANT = "anonymous"
+
+
+def served_tenants(settings: Any) -> list[str]:
+    """The tenant ids requests can be attributed to (`settings`: a
+    `contract.settings.Settings`, untyped here because that module imports
+    this one): the configured tenants,
+    or `anonymous` when none are and the gateway serves callers without a key.
+    Why one function: the admin API (404 for anyone else) and the gateway's
+    per-tenant gauges must agree on who exists."""
+    if settings.tenants:
+        return [t.id for t in settings.tenants]
+    return [ANONYMOUS_TENANT] if settings.gateway.allow_anonymous else []
 
 
 class SpeculationPolicy(BaseModel):

@@ -4,8 +4,8 @@ optional YAML file (`SPECGATE_CONFIG=path` or `--config path`).
     replicas, tenants, admin_key, redis_url, redis_prefix, log_level   shared
     gateway:     the data plane (timeouts, failover, health, routing, budgets, tracing)
     controller:  the control plane (tick, leadership, cost model)
-      decision:      the pure decision's margins, hysteresis and grids
-      restart_gate:  when a recommended profile change pays back a restart
+      decision:      the pure decision's margins, hysteresis and grids (and the fleet drafter)
+      restart_gate:  when a recommended profile change pays back a restart, and who applies it
     sim:         simulated replicas (`specgate up`, `specgate sim-replica`)
 
 Every default is stated once, here. Nested settings are reached from the
@@ -49,7 +49,7 @@ from pydantic_settings import (
 )
 
 from .policy import SpeculationPolicy
-from .profiles import LABEL_PATTERNS, parse_profile
+from .profiles import DRAFTER_METHODS, LABEL_PATTERNS, parse_profile
 
 # The cost-model preset every part falls back to (drafters.costmodel names).
 DEFAULT_GPU = "h200"
@@ -243,6 +243,43 @@ class GatewaySettings(_Strict):
     upstream_client: Literal["aiohttp", "httpx"] = "aiohttp"
 
 
+class DrafterSettings(_Strict):
+    """The drafter checkpoint every replica can load when the fleet plan restarts it.
+
+    Why: a fleet-plan restart must never ask for a profile the replica cannot
+    serve. vLLM refuses a profile that drafts more tokens than its checkpoint
+    proposes (drafters/checkpoint.py), and an `off` replica has no drafter at
+    all. Unset (the default), the plan re-profiles a drafting replica only
+    within what its own profile proves about its checkpoint (same method, a
+    draft no longer than today's) and never turns an `off` replica into a
+    drafting one. Set it when every replica (on Kubernetes: every pool) can
+    load this checkpoint; `specgate checkpoint validate` prints its
+    `speculative_tokens`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    method: str | None = Field(
+        default=None, description=f"the checkpoint's speculation method ({', '.join(sorted(DRAFTER_METHODS))}); null = no fleet-wide drafter"
+    )
+    speculative_tokens: int | None = Field(
+        default=None, ge=1, description="draft tokens the checkpoint proposes per step; profiles drafting more are never recommended"
+    )
+
+    @field_validator("method")
+    @classmethod
+    def _method(cls, value: str | None) -> str | None:
+        if value is not None and value not in DRAFTER_METHODS:
+            raise ValueError(f"must be a drafter method ({', '.join(sorted(DRAFTER_METHODS))}); "
+                             "ngram needs no checkpoint, off drafts nothing")
+        return value
+
+    @model_validator(mode="after")
+    def _pair(self) -> "DrafterSettings":
+        if (self.method is None) != (self.speculative_tokens is None):
+            raise ValueError("method and speculative_tokens describe one checkpoint together: set both or neither")
+        return self
+
+
 class DecisionSettings(_Strict):
     """The pure decision's margins, hysteresis and search grids (controller/decision)."""
 
@@ -266,6 +303,15 @@ class DecisionSettings(_Strict):
     thin_extra_margin: float = Field(default=0.05, ge=0)
     min_batch: float = Field(default=1.0, gt=0)
     plan_margin: float = Field(default=0.02, ge=0, description="predicted gain per converted replica before the fleet plan recommends a profile")
+    drafter: DrafterSettings = Field(
+        default_factory=DrafterSettings,
+        description="the drafter checkpoint every replica can load on a restart (fleet plan safety)",
+    )
+    plan_configured_profiles_only: bool = Field(
+        default=False,
+        description="recommend only profiles some configured replica runs (on Kubernetes: the pools that exist); "
+        "false: any profile the replica's drafter can serve (a restart may change its launch arguments)",
+    )
     strong_ticks: int = Field(default=2, ge=1, description="consecutive strong ticks that bypass smoothing (and, to turn off, dwell)")
     smoothing: float = Field(default=0.2, gt=0, le=1, description="EMA weight of the newest tick in the candidates' relative goodput")
     max_batch_grid: tuple[int, ...] | None = Field(
@@ -274,8 +320,26 @@ class DecisionSettings(_Strict):
     )
 
 
+class KubernetesActuatorSettings(_Strict):
+    """Where the `kubernetes` fleet actuator scales the per-profile pools (controller/kube_scaling.py).
+
+    Each profile's pool is a StatefulSet `<pool_prefix><profile>` (`vllm-dspark-b8`,
+    `vllm-off`) whose pods are the replicas `<pool_prefix><profile>-<ordinal>`."""
+
+    namespace: str | None = Field(
+        default=None,
+        description="namespace of the pools; null = the pod's service-account namespace, else the kubeconfig context's",
+    )
+    pool_prefix: str = Field(default="vllm-", min_length=1, description="a profile's pool is the StatefulSet named this prefix + the profile label (vllm-dspark-b8)")
+    request_timeout_s: float = Field(default=10.0, gt=0, description="one Kubernetes API call")
+    converge_timeout_s: float = Field(
+        default=900.0, gt=0, description="a scaled pool not ready within this stops holding the gate (and is reported)"
+    )
+
+
 class RestartGateSettings(_Strict):
-    """When a recommended profile change pays back its restart (controller/actuation.py PlanGate)."""
+    """When a recommended profile change pays back its restart (controller/actuation.py PlanGate),
+    and what carries the restart out (`actuator`)."""
 
     restart_s: float = Field(default=30.0, gt=0, description="a replica's downtime for one restart")
     payback: float = Field(default=1.0, gt=0, description="multiple of the downtime the streak's credit must reach")
@@ -284,6 +348,12 @@ class RestartGateSettings(_Strict):
     min_confirm_s: float = Field(default=30.0, ge=0, description="shortest streak that may trigger a restart")
     min_loss: float = Field(default=0.8, ge=0, le=1, description="floor of the downtime's charged share of goodput")
     grace_s: float = Field(default=15.0, ge=0, description="dips shorter than this do not end a streak")
+    actuator: Literal["recommend", "kubernetes"] = Field(
+        default="recommend",
+        description="recommend: publish the restart the gate would make (/admin/fleet-plan), change nothing; "
+        "kubernetes: scale the per-profile StatefulSets (restart_gate.kubernetes)",
+    )
+    kubernetes: KubernetesActuatorSettings = Field(default_factory=KubernetesActuatorSettings)
 
 
 class ControllerSettings(_Strict):
@@ -406,6 +476,20 @@ def read_yaml(path: str | os.PathLike[str]) -> dict[str, Any]:
     return data
 
 
+def _yaml_bool_hint(err: Any) -> str | None:
+    """Why a text setting got a boolean: YAML 1.1 (PyYAML) reads unquoted
+    off/no/false as false and on/yes/true as true, so `profile: off` arrives
+    as False and the error alone ('Input should be a valid string') does not
+    say why. Only where a boolean was not wanted (a bool field takes it)."""
+    value = err.get("input")
+    if not isinstance(value, bool) or err["type"] in ("bool_type", "bool_parsing"):
+        return None
+    field = next((str(p) for p in reversed(err["loc"]) if isinstance(p, str)), "the setting")
+    if value:
+        return f'YAML reads unquoted on, yes and true as the boolean true: quote the value you meant, {field}: "..."'
+    return f'YAML reads unquoted off, no and false as the boolean false: write {field}: "off"'
+
+
 def describe_error(exc: ValidationError) -> str:
     lines = []
     for err in exc.errors():
@@ -413,7 +497,8 @@ def describe_error(exc: ValidationError) -> str:
         msg = err["msg"]
         if err["type"] == "extra_forbidden":
             msg = "unknown setting (check the spelling and the section: gateway, controller, controller.decision, sim)"
-        lines.append(f"  {loc}: {msg}")
+        hint = _yaml_bool_hint(err)
+        lines.append(f"  {loc}: {msg}" + (f" ({hint})" if hint else ""))
     return "invalid specgate configuration:\n" + "\n".join(lines)
 
 

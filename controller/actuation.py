@@ -9,18 +9,29 @@ replica's *launch arguments*, i.e. a restart. Every tick the service hands
 the decision's replica regimes to an `Actuator`; the one it runs is
 `GatedActuator`: `PlanGate` (settings `controller.restart_gate`) decides
 whether a recommended change pays back its downtime *now*, and a
-`RestartAction` carries the restart out. Restarting vLLM replicas is the
-deployment layer's job, so the shipped action, `NoopRestart`, only records
-what the gate would restart (the plan document's `restart_now` /
-`last_restart`, admin API `/admin/fleet-plan`); a Kubernetes/Compose action
-would implement `restart()`. The benchmark (bench/control_sweep.py) runs
+`RestartAction` carries the restart out. Which action runs is
+`controller.restart_gate.actuator` (`default_actuator`):
+
+* `recommend` (default): `NoopRestart` records what the gate would restart
+  (the plan document's `restart_now` / `last_restart`, admin API
+  `/admin/fleet-plan`) and changes nothing; the operator applies it.
+* `kubernetes`: `controller.kube_scaling.KubernetesScaling` scales the
+  per-profile StatefulSets through the Kubernetes API.
+
+Either way the plan document carries `recommendation`: for every replica the
+plan would convert, what to do ("scale vllm-dspark-b8 2->1 and vllm-dspark-b16-av
+0->1", or "restart r0 (off) as dspark-b8" where replicas are not pool
+members) and why, in the gate's own numbers (`PlanGate.outlook`): the predicted
+gain per converted replica, what the restart's downtime costs and how long
+until the gain has paid it back. The benchmark (bench/control_sweep.py) runs
 the same `GatedActuator` with an action that restarts simulated replicas.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol, runtime_checkable
 
 from contract.keys import FLEET_PLAN_KEY
 from contract.policy import PolicySet, SpeculationPolicy, load_policies, publish_policies
@@ -28,6 +39,7 @@ from contract.settings import RestartGateSettings
 from contract.store import Store
 
 from .decision import ReplicaRegime
+from .kube_scaling import pool_name, replica_profile
 
 
 def _material(p: SpeculationPolicy) -> tuple:
@@ -82,9 +94,21 @@ class RestartAction(Protocol):
         ...
 
 
+@runtime_checkable
+class ObservedAction(Protocol):
+    """A `RestartAction` whose state lives elsewhere (a cluster): `refresh()` reads
+    it once per tick, before `busy()` is asked (which must not block the loop),
+    and `report()` is its part of the plan document (what it did, its errors)."""
+
+    async def refresh(self) -> None: ...
+
+    def report(self) -> dict[str, Any]: ...
+
+
 class NoopRestart:
-    """The shipped action: records the restarts the gate decides; restarts nothing
-    (the controller has no hold on vLLM replicas -- the operator applies them)."""
+    """The `recommend` action: records the restarts the gate decides; restarts nothing
+    (the controller has no hold on the replicas -- the operator applies them, guided
+    by the plan document's `recommendation`)."""
 
     name = "noop"
 
@@ -112,14 +136,21 @@ class GatedActuator:
     streaks neither earn nor reset.
     """
 
-    def __init__(self, gate: PlanGate, restart: RestartAction) -> None:
+    def __init__(self, gate: PlanGate, restart: RestartAction, pool_prefix: str = "vllm-") -> None:
+        """`pool_prefix`: replicas named `<pool_prefix><profile>-<ordinal>` are members of
+        the pool (StatefulSet) `<pool_prefix><profile>`; the recommendation speaks of
+        scaling pools for them, of restarting replicas otherwise."""
         self.gate = gate
         self.restart = restart
         self.name = restart.name
+        self.pool_prefix = pool_prefix
         self.restarts: list[tuple[float, str, str]] = []  # (now, replica, profile), everything this actuator restarted
         self.last_plan: dict[str, Any] = {}
 
     async def apply(self, regimes: dict[str, ReplicaRegime], now: float, hold: bool = False) -> dict[str, Any]:
+        observed = isinstance(self.restart, ObservedAction)
+        if observed:
+            await self.restart.refresh()
         busy = set(self.restart.busy())
         if hold:
             self.gate.hold(now)
@@ -130,19 +161,97 @@ class GatedActuator:
             await self.restart.restart(replica, profile)
             self.restarts.append((now, replica, profile))
         last = self.restarts[-1] if self.restarts else None
+        restarting = sorted(self.restart.busy())
         self.last_plan = {
             "actuator": self.name,
             "replicas": fleet_plan(regimes),
             "restart_now": list(actions[0]) if actions else None,
-            "restarting": sorted(self.restart.busy()),
+            "restarting": restarting,
             "last_restart": {"replica": last[1], "profile": last[2], "age_s": round(now - last[0], 3)} if last else None,
+            "recommendation": recommendation(regimes, self.gate.outlook(regimes, now), actions, restarting,
+                                             self.pool_prefix, paused=hold),
         }
+        if observed:
+            self.last_plan["action"] = self.restart.report()
         return self.last_plan
 
 
 def default_actuator(settings: RestartGateSettings) -> GatedActuator:
-    """What the shipped controller runs: the gate from `controller.restart_gate`, recording only."""
-    return GatedActuator(PlanGate.from_settings(settings), NoopRestart())
+    """What the shipped controller runs: the gate from `controller.restart_gate` in front of
+    the action `restart_gate.actuator` names (`recommend`: record only; `kubernetes`: scale
+    the pools). A `kubernetes` actuator that cannot load its client or credentials fails
+    here, at start-up, rather than tick after tick."""
+    prefix = settings.kubernetes.pool_prefix
+    if settings.actuator == "kubernetes":
+        from .kube_scaling import KubernetesScaling
+
+        action = KubernetesScaling.from_settings(settings.kubernetes)
+        return GatedActuator(PlanGate.from_settings(settings, pool_order(prefix)), action, prefix)
+    return GatedActuator(PlanGate.from_settings(settings), NoopRestart(), prefix)
+
+
+def pool_order(pool_prefix: str) -> Callable[[str], tuple[str, int]]:
+    """Restart order for pool replicas: a StatefulSet scaled down removes its highest
+    ordinal, so that is the replica the gate should name (and hold to its
+    `min_interval_s`); other names keep their order."""
+    def key(name: str) -> tuple[str, int]:
+        if replica_profile(pool_prefix, name) is None:
+            return (name, 0)
+        stem, _, ordinal = name.rpartition("-")
+        return (stem, -int(ordinal))
+    return key
+
+
+def describe_step(replica: str, current: str, target: str, counts: dict[str, int], pool_prefix: str) -> str:
+    """What converting `replica` from `current` to `target` means to whoever applies it.
+
+    Pool members (`<pool_prefix><profile>-<ordinal>`) convert by scaling their pools,
+    counted by the replicas the controller sees live per profile; other replicas are
+    restarted with the new launch profile."""
+    if replica_profile(pool_prefix, replica) == current:
+        n, m = counts.get(current, 0), counts.get(target, 0)
+        return (f"scale {pool_name(pool_prefix, current)} {n}->{max(n - 1, 0)} and "
+                f"{pool_name(pool_prefix, target)} {m}->{m + 1}")
+    return f"restart {replica} ({current}) as {target}"
+
+
+def recommendation(
+    regimes: dict[str, ReplicaRegime], outlook: dict[str, dict[str, Any]], actions: list[tuple[str, str]],
+    restarting: list[str], pool_prefix: str, paused: bool = False,
+) -> dict[str, Any]:
+    """The plan in words, from the gate's numbers (pure): one step per replica to convert,
+    each with `explanation`, and `summary`, the step the gate takes first."""
+    counts: dict[str, int] = {}
+    for r in regimes.values():
+        counts[r.profile] = counts.get(r.profile, 0) + 1
+    now_doing = dict(actions)
+    steps = []
+    for name in sorted(outlook):
+        o, r = outlook[name], regimes[name]
+        what = describe_step(name, r.profile, o["profile"], counts, pool_prefix)
+        why = (f"predicted {o['gain']:.2f}x goodput per converted replica; the restart costs ~{o['cost_s']:.0f} s "
+               f"of its goodput ({o['restart_s']:.0f} s down x {o['charged_loss']:.0%} lost)")
+        if now_doing.get(name) == o["profile"]:
+            when = "paid back: converting now"
+        elif restarting:
+            when = f"waiting for {', '.join(restarting)} to finish restarting"
+        elif paused:
+            when = "controller paused"
+        elif o["pays_back_in_s"] is None:
+            when = f"does not pay back at this gain (the gate needs a mean gain of {o['min_gain']:.2f}x)"
+        else:
+            when = f"pays back its restart in ~{o['pays_back_in_s']:.0f} s"
+        steps.append({"replica": name, "from_profile": r.profile, "to_profile": o["profile"], "action": what,
+                      **{k: o[k] for k in ("gain", "downtime_loss", "cost_s", "credit_s", "streak_s", "pays_back_in_s")},
+                      "explanation": f"{what}: {why}; {when}"})
+    if steps:
+        first = next((s for s in steps if now_doing.get(s["replica"]) == s["to_profile"]), None)
+        first = first or min(steps, key=lambda s: math.inf if s["pays_back_in_s"] is None else s["pays_back_in_s"])
+        more = len(steps) - 1
+        summary = first["explanation"] + (f" (then {more} more replica{'s' if more > 1 else ''} to convert)" if more else "")
+    else:
+        summary = "no change: every replica runs the best profile it can serve"
+    return {"summary": summary, "steps": steps}
 
 
 async def store_fleet_plan(store: Store, regimes: dict[str, ReplicaRegime], actuator: Actuator, now: float,
@@ -187,11 +296,15 @@ class PlanGate:
     one replica at a time, none restarted within `min_interval_s`.
     """
 
-    def __init__(self, settings: RestartGateSettings | None = None, **overrides: float) -> None:
+    def __init__(self, settings: RestartGateSettings | None = None, order: Callable[[str], Any] | None = None,
+                 **overrides: float) -> None:
         """The gate's numbers and their defaults are `RestartGateSettings`'
         (stated once, in the settings tree); keyword overrides are validated
-        against it (tests, experiments)."""
+        against it (tests, experiments). `order`: sort key of the replicas a
+        restart may take, first taken first (default: by name; for pools,
+        `pool_order`: the replica the StatefulSet will remove)."""
         s = RestartGateSettings.model_validate({**(settings or RestartGateSettings()).model_dump(), **overrides})
+        self.order = order or str
         self.restart_s = s.restart_s
         self.min_loss = s.min_loss
         self.payback = s.payback
@@ -204,8 +317,8 @@ class PlanGate:
         self._last_restart: dict[str, float] = {}
 
     @classmethod
-    def from_settings(cls, settings: RestartGateSettings) -> PlanGate:
-        return cls(settings)
+    def from_settings(cls, settings: RestartGateSettings, order: Callable[[str], Any] | None = None) -> PlanGate:
+        return cls(settings, order)
 
     def hold(self, now: float) -> None:
         """Freeze the streaks at `now` (a restart in progress, or the controller paused)."""
@@ -218,6 +331,43 @@ class PlanGate:
         cost_s = self.payback * self.restart_s * max(downtime_loss, self.min_loss)
         mean_ok = streak_s > 0 and credit / streak_s >= self.min_gain - 1.0
         return streak_s >= self.min_confirm_s and credit >= cost_s and mean_ok
+
+    def outlook(self, regimes: dict[str, ReplicaRegime], now: float) -> dict[str, dict[str, Any]]:
+        """For every replica the plan would convert, the gate's numbers (pure read of its state,
+        as `actions()` last left it): the payback `cost_s` (seconds of the replica's goodput its
+        restart costs), the streak's `credit_s` so far, and `pays_back_in_s`, how long until the
+        restart is due if the gain holds (None: never at this gain)."""
+        wanted = {n: r for n, r in regimes.items() if r.recommended_profile != r.profile and r.recommended_gain > 1.0}
+        rate: dict[str, float] = {}  # the streak earns the profile's best gain, fleet-wide (as in `actions`)
+        for r in wanted.values():
+            rate[r.recommended_profile] = max(rate.get(r.recommended_profile, 1.0), r.recommended_gain)
+        out: dict[str, dict[str, Any]] = {}
+        for name in sorted(wanted):
+            r = wanted[name]
+            since, credit, _ = self._streak.get(r.recommended_profile, (now, 0.0, now))
+            streak = max(0.0, now - since)
+            charged = max(r.downtime_loss, self.min_loss)
+            cost = self.payback * self.restart_s * charged
+            out[name] = {
+                "profile": r.recommended_profile, "gain": r.recommended_gain, "downtime_loss": r.downtime_loss,
+                "charged_loss": charged, "restart_s": self.restart_s, "min_gain": self.min_gain,
+                "cost_s": round(cost, 3), "credit_s": round(credit, 3), "streak_s": round(streak, 3),
+                "pays_back_in_s": self._eta(name, rate[r.recommended_profile], credit, streak, cost, now),
+            }
+        return out
+
+    def _eta(self, name: str, gain: float, credit: float, streak: float, cost: float, now: float) -> float | None:
+        """Seconds until `pays_back` holds (and the replica's interval has passed) at a steady `gain`."""
+        g, need = gain - 1.0, self.min_gain - 1.0
+        waits = [self.min_confirm_s - streak, (cost - credit) / g]
+        if not (streak > 0 and credit / streak >= need):
+            if g <= need:
+                return None
+            waits.append((need * streak - credit) / (g - need))  # (credit + g t) / (streak + t) = need
+        last = self._last_restart.get(name)
+        if last is not None:
+            waits.append(self.min_interval_s - (now - last))
+        return round(max(0.0, *waits), 1)
 
     def actions(self, regimes: dict[str, ReplicaRegime], now: float, busy: set[str] | frozenset = frozenset()) -> list[tuple[str, str]]:
         """Restarts to make now: [(replica, profile)], at most one.
@@ -252,7 +402,7 @@ class PlanGate:
         for p in gains:
             streaks.setdefault(p, (now, 0.0, now))
         self._streak = streaks
-        for name in sorted(wanted):
+        for name in sorted(wanted, key=self.order):
             r = wanted[name]
             since, credit, _ = self._streak[r.recommended_profile]
             recent = now - self._last_restart.get(name, float("-inf")) < self.min_interval_s

@@ -12,7 +12,14 @@ is running; the controller then keeps honouring it on every tick.
 Every route requires `Authorization: Bearer <admin_key>`: a missing or wrong
 key is 401, a *tenant's* API key is 403 (authenticated, not allowed), and
 with no admin key configured the API is closed (401). Errors are
-OpenAI-shaped (`contract.errors`) by the hosting app's handlers.
+OpenAI-shaped (`contract.errors`) by the hosting app's handlers. A tenant the
+gateway does not serve (`contract.policy.served_tenants`, plus `*`, the
+default policy) is a 404 wherever a route names one: an override for a typo
+would otherwise be accepted, audited and tracked by the controller forever.
+
+The store keeps times as epoch seconds (cheap to compare and sort); every
+response turns each `at` into ISO-8601 UTC (`2026-12-01T08:30:12.345Z`),
+because people and log pipelines read these, not arithmetic.
 
 The router is mounted by whoever hosts it -- the single-node process
 (`specgate.node`, beside the gateway's routes) or the standalone controller
@@ -25,6 +32,7 @@ from __future__ import annotations
 
 import hmac
 import time
+from datetime import datetime, timezone
 from typing import Any, Protocol
 
 from fastapi import APIRouter, Body, Depends, HTTPException, Query, Request
@@ -55,11 +63,13 @@ from contract.policy import (
     SpeculationPolicy,
     load_policies,
     publish_policies,
+    served_tenants,
 )
 from contract.settings import Settings
 from contract.store import Store
 
 from .audit import audit, is_paused, set_paused
+from .service import history_entry, policy_changes
 
 router = APIRouter(prefix="/admin")
 
@@ -121,6 +131,31 @@ def _store(request: Request) -> Store:
     return store
 
 
+def iso_utc(ts: float) -> str:
+    """Epoch seconds as ISO-8601 UTC with milliseconds and a `Z`."""
+    return datetime.fromtimestamp(ts, timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _times(obj: Any) -> Any:
+    """`obj` with every numeric `at` (at any depth) as ISO-8601 UTC: the one
+    place the admin API turns the store's epoch seconds into times people read."""
+    if isinstance(obj, dict):
+        return {k: iso_utc(v) if k == "at" and isinstance(v, (int, float)) and not isinstance(v, bool) else _times(v)
+                for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_times(v) for v in obj]
+    return obj
+
+
+def _unknown_tenant(tenant: str) -> HTTPException:
+    return HTTPException(status_code=404, detail=f"unknown tenant {tenant!r}: not a configured tenant (GET /admin/tenants lists them)")
+
+
+def _addressable(request: Request) -> set[str]:
+    """Tenants an admin may name: those the gateway serves, and `*` (the default policy)."""
+    return {*served_tenants(_host(request).settings), DEFAULT_TENANT}
+
+
 async def _known_tenants(request: Request) -> dict[str, dict[str, Any]]:
     host = _host(request)
     store = _store(request)
@@ -133,15 +168,26 @@ async def _known_tenants(request: Request) -> dict[str, dict[str, Any]]:
         decision = last.get(tenant) or {}
         numbers = decision.get("numbers") or {}
         cfg = configured.get(tenant)
+        policy = host.policy_for(tenant, published).model_dump(mode="json")
+        # One reason per decision: when the latest decision is what is in
+        # force (same behaviour, same source), it explains the policy and its
+        # reason *is* the policy's reason. When it is not (paused, or an admin
+        # pin published after it), the policy keeps the reason it was
+        # published with and `applied` says the latest decision is not it.
+        applied = bool(decision) and decision.get("applied", True) and _same_policy(decision.get("policy"), policy)
+        if applied:
+            policy["reason"] = decision.get("reason") or policy["reason"]
         tenants[tenant] = {
             "tenant": tenant,
-            "policy": host.policy_for(tenant, published).model_dump(mode="json"),
+            "configured": tenant in configured,
+            "policy": policy,
             "override": overrides[tenant].model_dump(mode="json") if tenant in overrides else {"mode": "auto"},
             "measured_acceptance": numbers.get("acceptance"),
             "evidence_steps": numbers.get("evidence_steps"),
             "tpot_target_ms": cfg.tpot_target_ms if cfg else None,
             "last_decision": {
                 "at": decision.get("at"),
+                "applied": applied,
                 "reason": decision.get("reason"),
                 "numbers": numbers,
             }
@@ -149,6 +195,17 @@ async def _known_tenants(request: Request) -> dict[str, dict[str, Any]]:
             else None,
         }
     return tenants
+
+
+def _same_policy(a: dict | None, b: dict) -> bool:
+    """Whether two policy documents act the same and were set by the same kind
+    of author (the history's notion of a change, `policy_changes`)."""
+    if a is None:
+        return False
+    try:
+        return not policy_changes(SpeculationPolicy.model_validate(a), SpeculationPolicy.model_validate(b))
+    except ValidationError:
+        return False
 
 
 @router.get("/health")
@@ -160,15 +217,15 @@ async def admin_health(request: Request, who: str = Depends(require_admin)) -> d
 @router.get("/tenants")
 async def list_tenants(request: Request, who: str = Depends(require_admin)) -> dict:
     tenants = await _known_tenants(request)
-    return {"object": "list", "data": list(tenants.values())}
+    return _times({"object": "list", "data": list(tenants.values())})
 
 
 @router.get("/tenants/{tenant}")
 async def get_tenant(tenant: str, request: Request, who: str = Depends(require_admin)) -> dict:
     tenants = await _known_tenants(request)
     if tenant not in tenants:
-        raise HTTPException(status_code=404, detail=f"unknown tenant {tenant!r}")
-    return tenants[tenant]
+        raise _unknown_tenant(tenant)
+    return _times(tenants[tenant])
 
 
 @router.put("/tenants/{tenant}/override")
@@ -176,8 +233,8 @@ async def put_override(
     tenant: str, request: Request, body: dict = Body(...), who: str = Depends(require_admin)
 ) -> dict:
     store = _store(request)
-    if tenant != DEFAULT_TENANT and not tenant.strip():
-        raise HTTPException(status_code=400, detail="tenant must be non-empty")
+    if tenant not in _addressable(request):
+        raise _unknown_tenant(tenant)
     try:
         ov = TenantOverride.model_validate({**{k: v for k, v in body.items() if k not in ("by", "at")}})
     except ValidationError as exc:
@@ -189,20 +246,26 @@ async def put_override(
     applied = None
     published = await load_policies(store)
     live = [r.get("profile") for r in _host(request).replicas() if r.get("healthy") is not False]
-    pinned = apply_override(published.for_tenant(tenant), ov, FleetShape.of_profiles(live))
+    before = published.for_tenant(tenant)
+    pinned = apply_override(before, ov, FleetShape.of_profiles(live))
     if pinned is not None:
         result = await publish_policies(store, {**published.policies, tenant: pinned})
         applied = {"version": result.version, "policy": pinned.model_dump(mode="json")}
+        change = history_entry(tenant, before, pinned, pinned.reason, time.time(), version=result.version, by=who)
+        if change is not None:  # the decision history lists every published change, the admin's too
+            await store.push_capped(HISTORY_KEY, change, HISTORY_MAX)
     entry = await audit(store, who, "override", tenant, {"override": ov.model_dump(mode="json"), "applied": applied})
-    return {"tenant": tenant, "override": ov.model_dump(mode="json"), "applied": applied, "audit": entry}
+    return _times({"tenant": tenant, "override": ov.model_dump(mode="json"), "applied": applied, "audit": entry})
 
 
 @router.delete("/tenants/{tenant}/override")
 async def delete_override(tenant: str, request: Request, who: str = Depends(require_admin)) -> dict:
     store = _store(request)
+    if tenant not in _addressable(request) and tenant not in await load_overrides(store):
+        raise _unknown_tenant(tenant)  # (a stale override of a tenant since removed can still be deleted)
     await set_override(store, tenant, TenantOverride(mode="auto"))
     entry = await audit(store, who, "override", tenant, {"override": {"mode": "auto"}})
-    return {"tenant": tenant, "override": {"mode": "auto"}, "audit": entry}
+    return _times({"tenant": tenant, "override": {"mode": "auto"}, "audit": entry})
 
 
 @router.get("/replicas")
@@ -221,32 +284,37 @@ async def decision_history(
     tenant: str | None = None,
     who: str = Depends(require_admin),
 ) -> dict:
+    """Published policy changes, newest first: each entry is one tenant's
+    policy changing (`changes`: field -> [before, after]), by the controller
+    or by an admin pin; decisions that held are not listed."""
+    if tenant is not None and tenant not in _addressable(request) and tenant not in await _known_tenants(request):
+        raise _unknown_tenant(tenant)
     history = await _store(request).recent(HISTORY_KEY, HISTORY_MAX if tenant else limit)
     if tenant:
         history = [h for h in history if h.get("tenant") == tenant][:limit]
-    return {"object": "list", "data": history}
+    return _times({"object": "list", "data": history})
 
 
 @router.get("/audit")
 async def audit_log(request: Request, limit: int = Query(100, ge=1, le=AUDIT_MAX), who: str = Depends(require_admin)) -> dict:
-    return {"object": "list", "data": await _store(request).recent(AUDIT_KEY, limit)}
+    return _times({"object": "list", "data": await _store(request).recent(AUDIT_KEY, limit)})
 
 
 @router.get("/controller")
 async def controller_status(request: Request, who: str = Depends(require_admin)) -> dict:
     store = _store(request)
-    return {
+    return _times({
         "leader": await store.lock_owner(LEADER_KEY),
         "paused": await is_paused(store),
         "status": await store.get_json(STATUS_KEY),
         "fleet_plan": await store.get_json(FLEET_PLAN_KEY),
         "policy_version": (await _host(request).policies()).version,
-    }
+    })
 
 
 @router.get("/fleet-plan")
 async def get_fleet_plan(request: Request, who: str = Depends(require_admin)) -> dict:
-    return await _store(request).get_json(FLEET_PLAN_KEY) or {"actuator": None, "replicas": {}}
+    return _times(await _store(request).get_json(FLEET_PLAN_KEY) or {"actuator": None, "replicas": {}})
 
 
 @router.post("/controller/pause")
@@ -254,7 +322,7 @@ async def pause(request: Request, who: str = Depends(require_admin)) -> dict:
     store = _store(request)
     await set_paused(store, True, who)
     entry = await audit(store, who, "pause", None, {})
-    return {"paused": True, "audit": entry}
+    return _times({"paused": True, "audit": entry})
 
 
 @router.post("/controller/resume")
@@ -262,7 +330,7 @@ async def resume(request: Request, who: str = Depends(require_admin)) -> dict:
     store = _store(request)
     await set_paused(store, False, who)
     entry = await audit(store, who, "resume", None, {})
-    return {"paused": False, "audit": entry}
+    return _times({"paused": False, "audit": entry})
 
 
 @router.get("/controller/metrics")

@@ -31,7 +31,10 @@ class ControllerMetrics:
         self.paused = Gauge("specgate_controller_paused", "1 when paused by an admin", registry=r)
         self.policy_version = Gauge("specgate_controller_policy_version", "Last published policy version", registry=r)
         self.enabled = Gauge("specgate_controller_policy_enabled", "Speculation enabled per tenant", ["tenant"], registry=r)
-        self.max_draft = Gauge("specgate_controller_policy_max_draft", "Draft cap per tenant", ["tenant"], registry=r)
+        self.max_draft = Gauge(
+            "specgate_controller_policy_max_draft", "Draft cap per tenant (0 = off; -1 = no cap: the replica's whole block)",
+            ["tenant"], registry=r,
+        )
         self.max_batch = Gauge(
             "specgate_controller_policy_max_batch", "Batch above which a tenant stops drafting (-1 = none)", ["tenant"],
             registry=r,

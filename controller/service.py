@@ -30,7 +30,7 @@ from contract.keys import (
     STATUS_KEY,
 )
 from contract.overrides import load_overrides
-from contract.policy import load_policies
+from contract.policy import SpeculationPolicy, load_policies
 from contract.settings import Settings
 from contract.store import Store
 from contract.telemetry import read_all
@@ -170,16 +170,20 @@ class Controller:
         else:
             self.core.commit(decision)
             published = decision.policies
+            before = (await load_policies(self.store)).policies
             result = await publish_if_changed(self.store, decision.policies)
             if result is not None:
                 self.metrics.publishes.inc()
                 self.metrics.policy_version.set(result.version)
-                changed = [r for r in decision.records if r.changed]
-                self.metrics.count_changes([r.tenant for r in changed], traffic)
-                for r in changed:
-                    await self.store.push_capped(
-                        HISTORY_KEY, {**_record_json(r, wall), "version": result.version, "by": self.owner}, HISTORY_MAX
-                    )
+                entries = []
+                for r in decision.records:
+                    entry = history_entry(r.tenant, before.get(r.tenant), r.policy, r.reason, wall,
+                                          version=result.version, by=self.owner, numbers=r.numbers)
+                    if entry is not None:
+                        entries.append(entry)
+                self.metrics.count_changes([e["tenant"] for e in entries], traffic)
+                for entry in entries:
+                    await self.store.push_capped(HISTORY_KEY, entry, HISTORY_MAX)
             last = {r.tenant: _record_json(r, wall) for r in decision.records}
         self.last_decision = decision
         await self.store.set_json(LAST_DECISIONS_KEY, last)
@@ -249,16 +253,44 @@ class Controller:
             self._client = None
 
 
+_POLICY_FIELDS = ("enabled", "preferred_profile", "max_draft", "min_confidence", "max_batch", "source")
+
+
+def policy_changes(before: SpeculationPolicy | None, after: SpeculationPolicy) -> dict[str, list]:
+    """What differs between two published policies: field -> [before, after]
+    (behaviour and author; the reason is bookkeeping). Empty = no change."""
+    old = before.model_dump(mode="json") if before is not None else {}
+    new = after.model_dump(mode="json")
+    return {f: [old.get(f), new[f]] for f in _POLICY_FIELDS if before is None or old.get(f) != new[f]}
+
+
+def history_entry(
+    tenant: str, before: SpeculationPolicy | None, after: SpeculationPolicy, reason: str, wall: float, *,
+    version: int, by: str, numbers: dict | None = None,
+) -> dict | None:
+    """One entry of the decision history (`HISTORY_KEY`), or None when the
+    published policy did not change: the history lists changes only, each
+    with what changed, so a 'holding' draft-cap reason on an entry always
+    comes with the floor or threshold change that made it an entry."""
+    changes = policy_changes(before, after)
+    if not changes:
+        return None
+    return {
+        "tenant": tenant, "at": wall, "changed": True, "changes": changes, "policy": after.model_dump(mode="json"),
+        "reason": reason, "numbers": numbers or {}, "version": version, "by": by,
+    }
+
+
 def _record_json(record: Any, wall: float, note: str | None = None) -> dict:
-    out = {
+    return {
         "tenant": record.tenant,
         "at": wall,
         "changed": record.changed and note is None,
+        "applied": note is None,  # paused: decided, not published
         "policy": record.policy.model_dump(mode="json"),
         "reason": record.reason if note is None else f"{note}; would: {record.reason}",
         "numbers": record.numbers,
     }
-    return out
 
 
-__all__ = ["Controller", "SnapshotSource"]
+__all__ = ["Controller", "SnapshotSource", "history_entry", "policy_changes"]

@@ -9,9 +9,10 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
+from contract.policy import ANONYMOUS_TENANT
 from contract.settings import Settings, TenantConfig
 
-ANONYMOUS = TenantConfig(id="anonymous", api_key_sha256="0" * 64)
+ANONYMOUS = TenantConfig(id=ANONYMOUS_TENANT, api_key_sha256="0" * 64)
 
 
 @dataclass(frozen=True)

@@ -6,9 +6,20 @@ bounded: the first `top_n` tenants seen get their own label value, the rest
 are reported as `other` (all of them with `tenant_labels=False`, so a scrape
 names no tenant). Label children are cached because `.labels()` is a
 measurable share of the per-request budget.
+
+Per-tenant speculation state (`specgate_tenant_speculation_*`,
+`specgate_tenant_acceptance_length`) is on every gateway's /metrics, in
+every mode (embedded controller or Redis-backed fleet), because it is what
+the gateway itself applies and measures: the policy it routes by, and the
+acceptance its responses' `metrics.speculative_decoding` report. Those
+gauges cover the tenants the gateway serves (configured, hence bounded),
+at most `top_n` of them, none with tenant labels off.
 """
 
 from __future__ import annotations
+
+import math
+import time
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
@@ -16,6 +27,36 @@ _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30,
 _OVERHEAD_BUCKETS = (0.0001, 0.00025, 0.0005, 0.00075, 0.001, 0.0015, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1)
 _SPLICE_BUCKETS = (0.005, 0.01, 0.02, 0.035, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1, 1.5, 2.5, 5, 10)
 _AL_BUCKETS = (1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 3.5, 4.0, 5.0, 6.0, 8.0, 12.0, 17.0)
+# Half-life of the per-tenant acceptance-length gauge: long enough to smooth
+# single requests, short enough to follow a controller switch within minutes.
+ACCEPTANCE_HALF_LIFE_S = 60.0
+
+
+class DecayedAcceptance:
+    """Per-tenant acceptance length over recent responses: accepted draft
+    tokens and verification steps, each decayed with the same half-life, so
+    their ratio weighs a response by its steps and forgets old ones."""
+
+    def __init__(self, half_life_s: float = ACCEPTANCE_HALF_LIFE_S, clock=time.monotonic) -> None:
+        self.half_life_s = half_life_s
+        self.clock = clock
+        self._sums: dict[str, list[float]] = {}  # tenant -> [accepted, steps, at]
+
+    def add(self, tenant: str, accepted: float, steps: float) -> None:
+        now = self.clock()
+        s = self._sums.get(tenant)
+        if s is None:
+            self._sums[tenant] = [accepted, steps, now]
+            return
+        decay = math.exp2(-(now - s[2]) / self.half_life_s)
+        s[0] = s[0] * decay + accepted
+        s[1] = s[1] * decay + steps
+        s[2] = now
+
+    def value(self, tenant: str) -> float | None:
+        """1 + accepted/steps (tokens per verification step), None before any speculative response."""
+        s = self._sums.get(tenant)
+        return 1.0 + s[0] / s[1] if s and s[1] > 0 else None
 
 
 class GatewayMetrics:
@@ -92,6 +133,23 @@ class GatewayMetrics:
             registry=r,
         )
         self._children: dict[tuple, object] = {}
+        # -- per-tenant speculation state (set at scrape time: metrics_exposure.render) --
+        self.tenant_enabled = Gauge(
+            "specgate_tenant_speculation_enabled",
+            "1 while the tenant's policy in force on this gateway lets its requests speculate", ["tenant"], registry=r,
+        )
+        self.tenant_max_draft = Gauge(
+            "specgate_tenant_speculation_max_draft",
+            "Draft cap the gateway sends with the tenant's requests (0 = speculation off; -1 = no cap: the replica's "
+            "whole draft block)", ["tenant"], registry=r,
+        )
+        self.tenant_acceptance_length = Gauge(
+            "specgate_tenant_acceptance_length",
+            "Acceptance length (tokens per verification step) of the tenant's recent responses, from their "
+            "metrics.speculative_decoding (decayed, half-life 60 s); absent before the first speculative response",
+            ["tenant"], registry=r,
+        )
+        self.recent_acceptance = DecayedAcceptance()
         # -- budget store health (gateway.budget_guard) --
         self.budget_store_up = Gauge("specgate_budget_store_up", "1 while the budget store answers budget calls", registry=r)
         self.budget_store_up.set(1)
@@ -115,6 +173,11 @@ class GatewayMetrics:
             self._tenants.add(tenant)
             return tenant
         return "other"
+
+    def tenant_gauge_ids(self, served: list[str]) -> list[str]:
+        """The tenants with per-tenant speculation gauges: the served ones, at
+        most `top_n` (none when tenant labels are off)."""
+        return served[: self.top_n]
 
     def child(self, metric, *labels: str):
         key = (id(metric), labels)

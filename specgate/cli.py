@@ -8,6 +8,8 @@ import every dependency of every component.
 from __future__ import annotations
 
 import importlib
+from importlib.metadata import PackageNotFoundError, version
+from typing import Optional
 
 import typer
 
@@ -26,6 +28,30 @@ _COMMAND_MODULES = (
     "specgate.stack_cli",
     "specgate.config_doc",
 )
+
+
+def package_version() -> str:
+    """The installed distribution's version (pyproject.toml via package
+    metadata), so `--version` cannot drift from what pip installed."""
+    try:
+        return version("specgate")
+    except PackageNotFoundError:  # a source tree that was never installed
+        return "0.0.0+unknown"
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"specgate {package_version()}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    show_version: Optional[bool] = typer.Option(
+        None, "--version", "-V", callback=_print_version, is_eager=True, help="print the version and exit"
+    ),
+) -> None:
+    """OpenAI-compatible gateway and speculation controller for vLLM + DSpark."""
 
 
 def _register_all() -> None:

@@ -19,7 +19,9 @@ _SECTIONS = {
     "gateway.tracing": "OpenTelemetry spans of the request path.",
     "controller": "The control plane (`specgate controller`, or embedded with `--embedded-controller` / `specgate up`).",
     "controller.decision": "The pure decision's margins, hysteresis and search grids.",
-    "controller.restart_gate": "When a recommended profile change pays back a replica restart.",
+    "controller.decision.drafter": "The drafter checkpoint every replica can load: what the fleet plan may restart a replica into (docs/controller.md, the fleet plan).",
+    "controller.restart_gate": "When a recommended profile change pays back a replica restart, and who carries it out (`actuator`).",
+    "controller.restart_gate.kubernetes": "The `kubernetes` actuator: scales the per-profile StatefulSets `vllm-<profile>` (docs/kubernetes.md).",
     "sim": "Simulated replicas (`specgate sim-replica`, `specgate up`).",
 }
 

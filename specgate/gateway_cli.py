@@ -9,6 +9,8 @@ from typing import Optional
 
 import typer
 
+from . import DEFAULT_GATEWAY_PORT
+
 
 def _tune_gc() -> None:
     """Per-request objects die young; long-lived ones (modules, models, app)
@@ -26,7 +28,7 @@ def register(app: typer.Typer) -> None:
     def gateway(
         config: Optional[str] = typer.Option(None, "--config", "-c", help="YAML config file (also SPECGATE_CONFIG)"),
         host: str = typer.Option("127.0.0.1", help="bind address"),
-        port: int = typer.Option(8080, help="bind port"),
+        port: int = typer.Option(DEFAULT_GATEWAY_PORT, help="bind port"),
         workers: int = typer.Option(1, help="uvicorn worker processes (share state through Redis)"),
         embedded_controller: bool = typer.Option(
             False, "--embedded-controller", help="also run the speculation controller in this process (single node)"

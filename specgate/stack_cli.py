@@ -9,11 +9,13 @@ import typer
 
 from contract.settings import DEFAULT_GPU, DEFAULT_MODEL
 
+from . import DEFAULT_GATEWAY_PORT
+
 
 def register(app: typer.Typer) -> None:
     @app.command("up")
     def up(
-        port: int = typer.Option(8000, help="gateway port"),
+        port: int = typer.Option(DEFAULT_GATEWAY_PORT, help="gateway port"),
         host: str = typer.Option("127.0.0.1", help="gateway bind address"),
         replicas: str = typer.Option(
             "dspark-b8,dspark-b8,off", help="comma-separated profiles of the simulated replicas"
@@ -53,9 +55,13 @@ def register(app: typer.Typer) -> None:
         gateway_url: Optional[str] = typer.Option(None, help="override the gateway URL from the state file"),
         max_inflight: int = typer.Option(256, help="cap on concurrent requests"),
         seed: int = typer.Option(0, help="random seed of the workload"),
+        report: Optional[Path] = typer.Option(
+            None, help="where the HTML report goes (default ~/.cache/specgate/load-<time>.html)"),
+        no_report: bool = typer.Option(False, "--no-report", help="write no HTML report"),
     ) -> None:
-        """Drive `specgate up` with a mixed-tenant workload and print controller switches as they happen."""
-        from .load import LoadConfig, load_target, run_load
+        """Drive `specgate up` with a mixed-tenant workload; print controller switches as they happen, then
+        per phase and tenant tok/s, TTFT, TPOT and acceptance, and write an HTML report with charts."""
+        from .load import LoadConfig, default_report_path, load_target, run_load
         from .up import DEFAULT_STATE_FILE
 
         try:
@@ -66,6 +72,7 @@ def register(app: typer.Typer) -> None:
         if pattern not in ("step", "constant"):
             typer.echo("specgate load: --pattern must be step or constant", err=True)
             raise typer.Exit(2)
-        cfg = LoadConfig(rps=rps, duration_s=duration, pattern=pattern, max_inflight=max_inflight, seed=seed)
+        cfg = LoadConfig(rps=rps, duration_s=duration, pattern=pattern, max_inflight=max_inflight, seed=seed,
+                         report_path=None if no_report else (report or default_report_path()))
         summary = run_load(target, cfg, out=lambda line: typer.echo(line))
         raise typer.Exit(0 if summary.ok > 0 else 1)

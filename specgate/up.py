@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.util
 import json
 import logging
 import os
@@ -32,6 +33,7 @@ import httpx
 
 from contract.settings import DEFAULT_GPU, DEFAULT_MODEL
 
+from . import DEFAULT_GATEWAY_PORT
 from .procs import Supervisor, wait_http_ok
 
 DEFAULT_REPLICAS = ("dspark-b8", "dspark-b8", "off")
@@ -99,7 +101,7 @@ def free_port(host: str = "127.0.0.1") -> int:
 def make_plan(
     *,
     host: str = "127.0.0.1",
-    port: int = 8000,
+    port: int = DEFAULT_GATEWAY_PORT,
     profiles: tuple[str, ...] = DEFAULT_REPLICAS,
     replica_ports: tuple[int, ...] | None = None,
     gpu: str = DEFAULT_GPU,
@@ -160,9 +162,29 @@ def replica_argv(plan: UpPlan, replica: ReplicaSpec) -> list[str]:
             "--time-scale", f"{plan.time_scale:g}", *plan.sim_args]
 
 
-def banner(plan: UpPlan, model_id: str) -> str:
+def command_path(name: str, cwd: Path | None = None) -> str:
+    """How to run executable `name` of *this* installation (the environment
+    `specgate up` runs in): `.venv/bin/python` from the repository root, an
+    absolute path elsewhere. Why not plain `python`/`specgate`: the printed
+    commands must work when pasted, and the `openai` SDK and `specgate` live
+    in this environment, not necessarily on PATH."""
+    exe = Path(sys.executable).parent / name
+    base = (cwd or Path.cwd()).resolve()
+    try:
+        return str(exe.relative_to(base))
+    except ValueError:
+        return str(exe)
+
+
+def banner(plan: UpPlan, model_id: str, python: str | None = None, specgate: str | None = None) -> str:
     t = plan.tenants[0]
     url = plan.gateway_url
+    python = python or command_path("python")
+    specgate = specgate or command_path("specgate")
+    load = f"{specgate} load --rps 30 --duration 90"
+    if plan.state_file != DEFAULT_STATE_FILE:
+        load += f" --state-file {plan.state_file}"
+    sdk_note = "" if importlib.util.find_spec("openai") else "   # needs the SDK: pip install openai"
     lines = [
         "",
         f"specgate is up: gateway {url}  (controller embedded, state: {'redis ' + plan.redis_url if plan.redis_url else 'in-memory'})",
@@ -176,15 +198,15 @@ def banner(plan: UpPlan, model_id: str) -> str:
         f"    -H 'Authorization: Bearer {t.key}' -H 'Content-Type: application/json' \\",
         f"    -d '{{\"model\": \"{model_id}\", \"messages\": [{{\"role\": \"user\", \"content\": \"Hello!\"}}], \"max_tokens\": 32}}'",
         "",
-        "  python - <<'EOF'",
-        "  from openai import OpenAI",
-        f"  client = OpenAI(base_url=\"{url}/v1\", api_key=\"{t.key}\")",
-        f"  r = client.chat.completions.create(model=\"{model_id}\", messages=[{{\"role\": \"user\", \"content\": \"Hello!\"}}], max_tokens=32)",
-        "  print(r.choices[0].message.content, r.usage)",
-        "  EOF",
+        # One line on purpose: an indented heredoc would not paste (the
+        # terminator and the Python code would carry the banner's indent).
+        f"  {python} -c 'from openai import OpenAI; c = OpenAI(base_url=\"{url}/v1\", api_key=\"{t.key}\"); "
+        f"r = c.chat.completions.create(model=\"{model_id}\", messages=[{{\"role\": \"user\", \"content\": \"Hello!\"}}], "
+        f"max_tokens=32); print(r.choices[0].message.content, r.usage)'{sdk_note}",
         "",
         f"  curl -s {url}/admin/tenants -H 'Authorization: Bearer {plan.admin_key}'    # policies + reasons",
-        "  specgate load --rps 30 --duration 90    # drive it; prints controller switches",
+        f"  curl -s {url}/metrics | grep specgate_tenant_    # per-tenant speculation on/off, draft cap, acceptance",
+        f"  {load}    # in a second terminal: drive it; prints per-phase tok/s, TTFT, TPOT and the controller's switches, then writes an HTML report",
         "",
         "Ctrl-C stops everything.",
     ]

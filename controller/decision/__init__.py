@@ -33,6 +33,8 @@ from .fleet import (
     fleet_plan,
     operating_rho,
     replica_regimes,
+    restart_targets,
+    servable_profiles,
 )
 from .floor import confidence_floor, marginal_theta
 from .goodput import (
@@ -106,5 +108,5 @@ __all__ = [
     "LoadThresholds", "Optimizer", "Plan", "ReplicaEval", "ReplicaInput", "ReplicaRegime", "TenantProposal",
     "TenantState", "TenantView", "cap_label", "confidence_floor", "decide", "downtime_loss", "effective_cap",
     "fleet_context", "fleet_plan", "marginal_theta", "operating_rho", "regime_label", "replica_load", "run_batch",
-    "spec_max_batch",
+    "restart_targets", "servable_profiles", "spec_max_batch",
 ]

@@ -89,13 +89,13 @@ def record(
         "gain_vs_off": round(gain_vs_off(v, p), 4),
         "improvement": None if math.isinf(v.improvement) else round(v.improvement, 4),
         "traffic_share": round(p.share, 4),
-        "smoothed_improvement": {str(k): round(x, 4) for k, x in sorted(v.smoothed.items())},
+        "smoothed_improvement": {cap_label(k): round(x, 4) for k, x in sorted(v.smoothed.items())},
         "margin": v.margin,
         "goodput_by_k": {cap_label(k): round(g, 1) for k, g in sorted(p.table.items())},
         "rho": {name: round(r, 3) for name, r in rho.items()},
         "predicted_tpot_ms": round(tpot_ms, 3),
         "tpot_target_ms": view.tpot_target_ms,
-        "pending": [v.pending_k, v.pending_count] if v.pending_k is not None else None,
+        "pending": [cap_label(v.pending_k), v.pending_count] if v.pending_k is not None else None,
         "max_batch": policy.max_batch,
     }
     return DecisionRecord(p.tenant, now, changed, policy, policy.reason, numbers)

@@ -32,6 +32,9 @@ class FleetContext:
     thetas: dict[str, float | None]  # tenant -> confidence floor in force
     knee: dict[str, float]  # replica -> verified tokens per step at the compute knee
     homes: dict[str, list[ReplicaInput]]  # tenant -> the replicas its choice is judged on
+    # Profiles of every configured replica, healthy or not (on Kubernetes: the pools that
+    # exist, since SPECGATE_REPLICAS lists each pool's ordinals); the fleet plan may be held to them.
+    profiles: frozenset[str] = frozenset()
 
     def goodput_model(self) -> GoodputModel:
         return GoodputModel(self.acc, self.fleet_a, self.thetas, self.off_pool, self.method_acc)
@@ -83,4 +86,5 @@ def fleet_context(
         thetas={t: (state[t].theta if t in state else None) for t in views},
         knee={rep.name: rep.cost.knee_tokens(run_batch(rep), rep.context_tokens) for rep in live},
         homes={t: _homes(v, live) for t, v in views.items()},
+        profiles=frozenset(r.profile for r in replicas),
     )

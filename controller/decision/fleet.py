@@ -7,13 +7,21 @@ the actuation's payback gate (`controller/actuation.py`) from what this
 stage reports per replica: the regime (rho = tokens per step / knee), the
 recommended profile with its predicted gain, and what the replica's
 downtime would cost the fleet.
+
+Safety: a restart must not ask for a profile the replica cannot serve. What a
+replica can be restarted into (`servable_profiles`) is decided from what is
+known about its drafter checkpoint -- its own profile (a `dspark-b8` replica
+loads a checkpoint proposing at least 8 tokens) and the fleet-wide drafter
+setting (`controller.decision.drafter`) -- never assumed: an `off` replica
+without a configured drafter stays `off`.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
 
-from contract.profiles import PROFILE_LABELS, parse_profile
+from contract.profiles import OFF, PROFILE_LABELS, Profile, parse_profile
+from contract.settings import DrafterSettings
 
 from .config import DecisionConfig
 from .context import FleetContext
@@ -21,16 +29,69 @@ from .goodput import GoodputModel, regime_label, replica_load
 from .views import ReplicaInput, ReplicaRegime, TenantState
 
 
-def plan_profiles(live: list[ReplicaInput]) -> list[tuple[str, int, bool]]:
-    """Profiles the fleet plan weighs: `off` and every size of the speculation
-    methods the fleet already runs (a restart can change a replica's draft
-    length or adaptive verification, not conjure a drafter checkpoint for
-    another method); DSpark's when nothing speculates yet."""
-    methods = {r.method for r in live if r.block > 0} or {"dspark"}
-    out = [("off", 0, False)]
+def _profile_or_off(label: str) -> Profile:
+    try:
+        return parse_profile(label)
+    except ValueError:  # labels are validated at start-up; an unknown one can serve nothing but off
+        return OFF
+
+
+def servable_profiles(profile: str, drafter: DrafterSettings | None = None) -> tuple[str, ...]:
+    """Launch profiles a replica running `profile` can be restarted into (label order).
+
+    The rules mirror what vLLM accepts (drafters/checkpoint.py): a profile of a
+    drafter method needs a checkpoint of that method proposing at least the
+    profile's draft length. Known checkpoints:
+
+    * the replica's own: its profile proves a checkpoint of its method proposing
+      at least its block, so the same method at that length or shorter (with or
+      without `-av`); nothing longer (a b8 checkpoint refuses `b16`);
+    * the fleet-wide `drafter` (when set): its method up to its
+      `speculative_tokens`, for every replica;
+    * ngram needs no checkpoint: any size, for a replica already running ngram.
+
+    `off` is always servable. An `off` replica without a fleet drafter can be
+    restarted only as `off`: it has no checkpoint to draft with.
+    """
+    own = _profile_or_off(profile)
+    fleet = drafter if drafter is not None and drafter.method else None
+    ok = {"off"}
     for label in PROFILE_LABELS:
         p = parse_profile(label)
-        if p.method in methods:
+        if not p.speculative:
+            continue
+        if p.method == own.method and (not p.needs_drafter or p.block_size <= own.block_size):
+            ok.add(label)
+        elif fleet is not None and p.method == fleet.method and p.block_size <= (fleet.speculative_tokens or 0):
+            ok.add(label)
+    return tuple(label for label in PROFILE_LABELS if label in ok)
+
+
+def restart_targets(profile: str, drafter: DrafterSettings | None = None,
+                    configured: frozenset[str] | None = None) -> tuple[str, ...]:
+    """What the plan may recommend for a replica running `profile`: what it can serve
+    (`servable_profiles`), held to the `configured` profiles when given (on
+    Kubernetes a profile without a pool cannot be scaled up); its own profile always."""
+    return tuple(p for p in servable_profiles(profile, drafter)
+                 if configured is None or p in configured or p == profile)
+
+
+def _targets(cfg: DecisionConfig, configured: frozenset[str] | None) -> frozenset[str] | None:
+    return configured if cfg.plan_configured_profiles_only and configured is not None else None
+
+
+def plan_profiles(live: list[ReplicaInput], drafter: DrafterSettings | None = None,
+                  configured: frozenset[str] | None = None) -> list[tuple[str, int, bool]]:
+    """Profiles the fleet plan weighs: those at least one live replica can be
+    restarted into (`restart_targets`), as (label, block, adaptive). A
+    restart can change a replica's draft length or adaptive verification
+    within its checkpoint, not conjure a checkpoint for another method or a
+    longer block. `off` is one unless `configured` excludes it."""
+    labels = {label for r in live for label in restart_targets(r.profile, drafter, configured)}
+    out = []
+    for label in PROFILE_LABELS:
+        if label in labels:
+            p = parse_profile(label)
             out.append((label, p.block_size, p.adaptive))
     return out
 
@@ -45,14 +106,20 @@ def operating_rho(ctx: FleetContext, model: GoodputModel, choice: dict[str, int]
     return rho
 
 
-def fleet_plan(live: list[ReplicaInput], choice: dict[str, int], model: GoodputModel, cfg: DecisionConfig) -> tuple[str | None, float]:
+def fleet_plan(live: list[ReplicaInput], choice: dict[str, int], model: GoodputModel, cfg: DecisionConfig,
+               configured: frozenset[str] | None = None) -> tuple[str | None, float]:
     """The launch profile that, run by every replica, serves the current load
     and tenant mix best (tenant caps re-optimised for it), and its predicted
     gain over the fleet as it runs now.
 
     Homogeneous on purpose: a mixed fleet's benefit depends on routing
     between pools that the per-replica view cannot predict reliably, while a
-    homogeneous profile is exactly what the static baselines run.
+    homogeneous profile is exactly what the static baselines run. The one
+    exception is safety: a replica that cannot serve a candidate profile
+    (`restart_targets`) is evaluated as it runs now, so the gain is what
+    converting only the replicas that can would bring. `configured`: the
+    profiles of every configured replica (`FleetContext.profiles`), which
+    bound the plan when `cfg.plan_configured_profiles_only`.
     """
     if not live:
         return None, 1.0
@@ -72,14 +139,19 @@ def fleet_plan(live: list[ReplicaInput], choice: dict[str, int], model: GoodputM
             agg[t] = agg.get(t, 0.0) + w * max(r.batch, 1.0)
     norm = sum(agg.values()) or 1.0
     agg = {t: w / norm for t, w in agg.items()}
+    allowed = _targets(cfg, configured)
+    servable = {r.name: restart_targets(r.profile, cfg.drafter, allowed) for r in live}
     best_profile, best_g = None, current
-    for profile, block, adaptive in plan_profiles(live):
+    for profile, block, adaptive in plan_profiles(live, cfg.drafter, allowed):
         alts = [
             replace(r, block=block, adaptive=adaptive, supports_knobs=True, profile=profile, batch=mean_b, mix=agg or r.mix)
+            if profile in servable[r.name] else replace(r, batch=mean_b, mix=agg or r.mix)
             for r in live
         ]
-        caps = {t: (block if block else 0) for t in choice}
-        options = [0] + [c for c in cfg.draft_caps if c < block] + ([block] if block else [])
+        blocks = sorted({a.block for a in alts if a.block > 0})
+        top = blocks[-1] if blocks else 0
+        caps = {t: top for t in choice}
+        options = [0] + [c for c in cfg.draft_caps if c < top and c not in blocks] + blocks
         for t in sorted(caps):  # one coordinate pass over tenants' caps
             scores = {k: model.total(alts, {**caps, t: k}) for k in options}
             caps[t] = max(scores, key=lambda k: (scores[k], k))
@@ -128,18 +200,22 @@ def replica_regimes(
     live = ctx.live
     choice = {t: s.k for t, s in state.items()}
     model = model.with_thetas({t: s.theta for t, s in state.items()})
-    plan_profile, plan_gain = fleet_plan(live, choice, model, cfg)
+    plan_profile, plan_gain = fleet_plan(live, choice, model, cfg, ctx.profiles)
     final_eval = {rep.name: model.evaluate(rep, choice) for rep in live}
     # Goodput each replica delivers now (the model judges an idle replica as
     # holding its next request: scale by occupancy below one request).
     occupied = {rep.name: final_eval[rep.name].goodput * min(1.0, replica_load(rep)) for rep in live}
+    # Only replicas that can serve the plan's profile are converted (and counted).
+    allowed = _targets(cfg, ctx.profiles)
+    can = {r.name: plan_profile is not None and plan_profile in restart_targets(r.profile, cfg.drafter, allowed)
+           for r in live}
     regimes = {}
     for rep in live:
         g, _, n, _ = final_eval[rep.name]
         # Gain per replica still to convert (converting 1 of N realises ~1/N).
-        to_convert = sum(1 for r in live if r.profile != plan_profile) or 1
+        to_convert = sum(1 for r in live if r.profile != plan_profile and can[r.name]) or 1
         per_replica = 1 + (plan_gain - 1) * len(live) / to_convert
-        rec_profile = plan_profile if plan_profile and per_replica >= 1 + cfg.plan_margin else rep.profile
+        rec_profile = plan_profile if plan_profile and can[rep.name] and per_replica >= 1 + cfg.plan_margin else rep.profile
         rec_gain = per_replica if rec_profile != rep.profile else 1.0
         measured = rep.tokens_per_step if rep.tokens_per_step else n
         knee = ctx.knee[rep.name]

@@ -155,7 +155,8 @@ def panels() -> list[dict]:
             "Fleet plan (recommended replica profiles)",
             [q("max by (replica, current, recommended) (specgate_controller_fleet_plan) == 1", "", "A", instant=True)],
             desc="Which profile each replica should be launched with, as the controller recommends it (a "
-                 "restart applies it; the default actuator does nothing)."),
+                 "restart applies it: the default `recommend` actuator changes nothing, see /admin/fleet-plan's "
+                 "recommendation; the `kubernetes` one scales the per-profile pools)."),
 
         row("Traffic and latency"),
         timeseries(
@@ -265,7 +266,7 @@ DECISIONS_URL = "http://gateway-1:8000" + DECISIONS_PATH
 DECISIONS_ROOT = "data"
 DECISIONS_FIELDS = {"time": "at", "tenant": "tenant", "text": "reason"}
 DECISIONS_COLUMNS = [
-    {"selector": DECISIONS_FIELDS["time"], "text": "time", "type": "timestamp_epoch_s"},
+    {"selector": DECISIONS_FIELDS["time"], "text": "time", "type": "timestamp"},  # ISO-8601 UTC (admin API)
     {"selector": DECISIONS_FIELDS["text"], "text": "text", "type": "string"},
     {"selector": DECISIONS_FIELDS["tenant"], "text": "tags", "type": "string"},
 ]

@@ -147,3 +147,24 @@ def test_every_setting_has_a_documented_default():
         assert f"`{name}`" in doc
     assert "total_timeout_s" not in doc  # never read: removed
     assert Settings().controller.decision.min_dwell_s == 30.0
+
+
+def test_an_unquoted_yaml_boolean_in_a_text_setting_gets_a_hint(tmp_path):
+    """`preferred_profile: off` reaches pydantic as False ('Input should be a
+    valid string'); the error says why and how to write it."""
+    p = write(tmp_path, (
+        "replicas: [{url: 'http://127.0.0.1:9', profile: on}]\n"
+        "tenants:\n"
+        f"  - {{id: a, api_key_sha256: '{hash_key('k')}', speculation: {{preferred_profile: off}}}}\n"
+    ))
+    with pytest.raises(ConfigError) as err:
+        load_settings(p)
+    text = str(err.value)
+    assert 'tenants.0.speculation.preferred_profile: Input should be a valid string (YAML reads unquoted off, no and ' \
+           'false as the boolean false: write preferred_profile: "off")' in text
+    assert "replicas.0.profile:" in text and "YAML reads unquoted on, yes and true as the boolean true" in text
+    # A boolean setting given a boolean is no YAML accident: no hint there.
+    p = write(tmp_path, "gateway: {metrics_tenant_labels: maybe}\n")
+    with pytest.raises(ConfigError) as err:
+        load_settings(p)
+    assert "YAML reads" not in str(err.value)

@@ -180,3 +180,50 @@ async def test_shipped_actuator_records_the_restart_it_would_make():
     # Nothing restarted, so the plan stands; the per-replica interval keeps the record quiet.
     doc = await store_fleet_plan(store, regimes_at(1.5, names=("r0",)), act, 61.0)
     assert doc["restart_now"] is None and doc["last_restart"]["replica"] == "r0"
+
+
+# -- the recommendation: what to do and why, in the gate's numbers -------------------
+
+
+async def test_the_explanation_predicts_when_the_gate_fires():
+    act = GatedActuator(PlanGate(restart_s=30.0), NoopRestart())
+    regs = regimes_at(1.5, names=("r0",))
+    for t in range(0, 60):
+        doc = await act.apply(regs, float(t))
+        step = doc["recommendation"]["steps"][0]
+        # +50 % at full loss repays the 30 s restart after 60 s: the forecast counts down to it.
+        assert t + step["pays_back_in_s"] == pytest.approx(60.0), t
+        assert step["cost_s"] == 30.0 and step["credit_s"] == pytest.approx(0.5 * t)
+    assert doc["recommendation"]["summary"] == (
+        "restart r0 (dspark-b8-av) as off: predicted 1.50x goodput per converted replica; the restart costs ~30 s "
+        "of its goodput (30 s down x 100% lost); pays back its restart in ~1 s")
+    doc = await act.apply(regs, 60.0)
+    assert doc["restart_now"] == ["r0", "off"]
+    assert doc["recommendation"]["summary"].endswith("paid back: converting now")
+
+
+async def test_pool_replicas_are_explained_as_pool_scaling_in_recommend_mode():
+    act = default_actuator(RestartGateSettings())
+    regs = {
+        "vllm-dspark-b8-0": regime("vllm-dspark-b8-0", "dspark-b8", "dspark-b8-av", 1.18),
+        "vllm-dspark-b8-1": regime("vllm-dspark-b8-1", "dspark-b8", "dspark-b8-av", 1.18),
+        "vllm-off-0": regime("vllm-off-0", "off", "off", 1.0),
+    }
+    doc = await act.apply(regs, 0.0)
+    rec = doc["recommendation"]
+    assert [s["replica"] for s in rec["steps"]] == ["vllm-dspark-b8-0", "vllm-dspark-b8-1"]
+    assert rec["summary"].startswith("scale vllm-dspark-b8 2->1 and vllm-dspark-b8-av 0->1: predicted 1.18x goodput "
+                                     "per converted replica")
+    assert "pays back its restart in ~167 s" in rec["summary"] and rec["summary"].endswith("(then 1 more replica to convert)")
+    assert doc["actuator"] == "noop" and "action" not in doc
+
+
+async def test_below_min_gain_and_paused_are_said_plainly():
+    act = GatedActuator(PlanGate(restart_s=30.0, min_gain=1.05), NoopRestart())
+    doc = await act.apply(regimes_at(1.03, names=("r0",)), 0.0)
+    assert doc["recommendation"]["steps"][0]["pays_back_in_s"] is None
+    assert "does not pay back at this gain (the gate needs a mean gain of 1.05x)" in doc["recommendation"]["summary"]
+    doc = await act.apply(regimes_at(2.0, names=("r0",)), 1.0, hold=True)
+    assert doc["recommendation"]["summary"].endswith("controller paused")
+    doc = await act.apply({"r0": regime("r0", "off", "off", 1.0)}, 2.0)
+    assert doc["recommendation"] == {"summary": "no change: every replica runs the best profile it can serve", "steps": []}

@@ -7,7 +7,7 @@ import httpx
 import openai
 from prometheus_client.parser import text_string_to_metric_families
 
-from .conftest import KEYS, backend_requests, tenant, wait_for
+from .conftest import KEYS, backend_requests, run_async, tenant, wait_for
 
 
 def samples(text):
@@ -106,3 +106,59 @@ def test_access_log_is_json_without_keys_or_prompts(start_backend, start_gateway
     assert {a["status"] for a in access} == {200, 401}
     assert access[0]["tenant"] == "alpha"
     assert secret_prompt not in err and KEYS["alpha"] not in err and "sk-leaked-key" not in err
+
+
+def test_per_tenant_speculation_gauges_follow_the_published_policy_and_responses(start_backend, start_gateway):
+    """Redis-backed gateway: the per-tenant gauges show the policy the gateway
+    applies (published by a controller through the store) and the acceptance
+    length its responses' metrics.speculative_decoding report."""
+    from contract.policy import SpeculationPolicy, publish_policies
+    from contract.store import create_store
+
+    backend = start_backend(spec=True)
+    gw = start_gateway([{"url": backend.url, "name": "r1", "profile": "dspark-b4"}])
+    s = samples(httpx.get(gw.url + "/metrics").text)
+    # Before any policy: every served tenant speculates with no cap; no acceptance measured yet.
+    assert {l["tenant"]: v for l, v in s["specgate_tenant_speculation_enabled"]} == {"alpha": 1, "beta": 1}
+    assert {l["tenant"]: v for l, v in s["specgate_tenant_speculation_max_draft"]} == {"alpha": -1, "beta": -1}
+    assert "specgate_tenant_acceptance_length" not in s
+
+    settings = gw.state.settings
+
+    async def publish():
+        store = create_store(settings.redis_url, settings.redis_prefix)
+        try:
+            await publish_policies(store, {"alpha": SpeculationPolicy(max_draft=4), "beta": SpeculationPolicy(enabled=False, max_draft=0)})
+        finally:
+            await store.close()
+
+    run_async(publish())
+    wait_for(lambda: gw.state.policies.version >= 1, 5)
+    c = openai.OpenAI(base_url=gw.v1(), api_key=KEYS["alpha"], max_retries=0)
+    for _ in range(2):
+        c.chat.completions.create(model="fake-model", messages=[{"role": "user", "content": "a b"}], max_tokens=6)
+    s = samples(httpx.get(gw.url + "/metrics").text)
+    assert {l["tenant"]: v for l, v in s["specgate_tenant_speculation_enabled"]} == {"alpha": 1, "beta": 0}
+    assert {l["tenant"]: v for l, v in s["specgate_tenant_speculation_max_draft"]} == {"alpha": 4, "beta": 0}
+    # The fake replica accepts 2 drafts per step: 3 tokens per verification step.
+    assert s["specgate_tenant_acceptance_length"] == [({"tenant": "alpha"}, 3.0)]
+
+
+def test_per_tenant_gauges_name_no_tenant_with_tenant_labels_off(start_backend, start_gateway):
+    backend = start_backend(spec=True)
+    gw = start_gateway([{"url": backend.url, "name": "r1"}], metrics_tenant_labels=False)
+    text = httpx.get(gw.url + "/metrics").text
+    assert "specgate_tenant_speculation_enabled{" not in text and 'tenant="alpha"' not in text
+
+
+def test_decayed_acceptance_forgets_old_responses():
+    from gateway.metrics import DecayedAcceptance
+
+    now = [0.0]
+    acc = DecayedAcceptance(half_life_s=10.0, clock=lambda: now[0])
+    assert acc.value("t") is None
+    acc.add("t", accepted=30, steps=10)  # AL 4
+    assert acc.value("t") == 4.0
+    now[0] = 100.0  # ten half-lives later the old responses weigh ~0.1 %
+    acc.add("t", accepted=0, steps=10)  # AL 1
+    assert 1.0 < acc.value("t") < 1.01

@@ -48,3 +48,29 @@ async def test_without_a_controller_the_admin_api_is_still_mounted():
                 assert (await http.get("/admin/tenants")).status_code == 200
                 r = await http.get("/admin/controller/metrics")
                 assert r.status_code == 404 and r.json()["error"]["message"] == "no controller runs in this process"
+
+
+async def test_embedded_mode_puts_per_tenant_speculation_state_on_the_gateways_metrics():
+    """No Redis, controller in-process: the gateway's own /metrics (no admin
+    key) carries each served tenant's policy and measured acceptance length."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    async with sim_replica("dspark-b8", "sim-m") as url:
+        app = create_node_app(_settings("sim-m", url), controller=True)
+        async with serve(app) as gw:
+            state = app.state.gateway
+            await wait_for(lambda: state.policies.version > 0, 10, what="embedded controller to publish")
+            async with httpx.AsyncClient(base_url=gw, timeout=30) as http:
+                for _ in range(3):
+                    r = await http.post("/v1/chat/completions", json={
+                        "model": "Qwen/Qwen3-8B", "messages": [{"role": "user", "content": "[workload=code] hi"}],
+                        "max_tokens": 32})
+                    assert r.status_code == 200, r.text
+                text = (await http.get("/metrics")).text
+            values = {(s.name, s.labels.get("tenant")): s.value
+                      for fam in text_string_to_metric_families(text) for s in fam.samples}
+            policy = state.policy_view.for_tenant("anonymous")
+            assert values[("specgate_tenant_speculation_enabled", "anonymous")] == (1.0 if policy.enabled else 0.0)
+            cap = 0 if not policy.enabled else (-1 if policy.max_draft is None else policy.max_draft)
+            assert values[("specgate_tenant_speculation_max_draft", "anonymous")] == cap
+            assert values[("specgate_tenant_acceptance_length", "anonymous")] > 1.0

@@ -115,10 +115,41 @@ def test_docs_admin_curl_examples_work(stack):
         assert proc.returncode == 0 and proc.stdout.startswith("2"), f"{cmd} -> {proc.stdout} {proc.stderr}"
 
 
+def _banner_commands(output: str) -> list[str]:
+    """The shell commands of the banner's "Try it:" block, as a user would paste them."""
+    block = output.split("Try it:", 1)[1].split("Ctrl-C stops everything", 1)[0]
+    return [c.strip() for c in block.replace("\\\n", " ").splitlines() if c.strip()]
+
+
+def test_printed_commands_work_when_pasted(stack):
+    """Each command `specgate up` prints runs as printed, from the directory
+    `make run` runs in: the curl and the SDK example answer, and the load
+    hint names an executable that exists (it is run for real in
+    test_load_drives_mixed_tenants_and_reports)."""
+    commands = _banner_commands(stack.output)
+    assert len(commands) == 5, commands
+    sdk = next(c for c in commands if " -c 'from openai import OpenAI" in c)
+    assert sdk.startswith(".venv/bin/python -c "), sdk  # the environment with the SDK, not whatever is on PATH
+    assert (REPO / ".venv/bin/python").exists()
+    load = next(c for c in commands if " load " in c)
+    exe = load.split()[0]
+    assert exe == ".venv/bin/specgate" and (REPO / exe).exists(), load
+    assert f"--state-file {stack.state_file}" in load  # a non-default state file is passed on
+    runnable = [c for c in commands if c is not load and (c.startswith("curl ") or c is sdk)]
+    if shutil.which("curl") is None:
+        runnable = [sdk]
+    for cmd in runnable:
+        proc = subprocess.run(["bash", "-c", cmd], cwd=REPO, capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 0 and proc.stdout.strip(), f"{cmd} -> {proc.returncode} {proc.stdout} {proc.stderr}"
+        assert '"error"' not in proc.stdout[:200], f"{cmd} -> {proc.stdout[:300]}"
+    proc = subprocess.run([exe, "load", "--help"], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and "--state-file" in proc.stdout, proc.stderr
+
+
 def test_load_drives_mixed_tenants_and_reports(stack):
     proc = subprocess.run(
         [sys.executable, "-m", "specgate.cli", "load", "--rps", "4", "--duration", "6", "--state-file",
-         str(stack.state_file)],
+         str(stack.state_file), "--no-report"],
         cwd=REPO, capture_output=True, text=True, timeout=120,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr

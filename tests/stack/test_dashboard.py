@@ -10,6 +10,7 @@ import importlib.util
 import json
 import subprocess
 import time
+from datetime import datetime
 
 import httpx
 import pytest
@@ -181,7 +182,9 @@ def test_decision_reason_annotation_reads_real_admin_fields(live_metrics):
     assert rows, "the embedded controller recorded no decision (first decisions are changes)"
     for field in gen.DECISIONS_FIELDS.values():
         assert field in rows[0], f"admin decision history has no field {field!r}: {sorted(rows[0])}"
-    assert isinstance(rows[0][gen.DECISIONS_FIELDS["time"]], (int, float))
+    at = rows[0][gen.DECISIONS_FIELDS["time"]]  # the column type "timestamp" parses ISO-8601
+    assert isinstance(at, str) and at.endswith("Z") and datetime.fromisoformat(at).tzinfo is not None, at
+    assert next(c["type"] for c in gen.DECISIONS_COLUMNS if c["text"] == "time") == "timestamp"
 
 
 # Panels that are legitimately empty on a short healthy run (no budget hit, no errors, no switch).

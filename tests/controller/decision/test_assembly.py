@@ -95,3 +95,13 @@ def test_reason_source_and_record():
     assert n["k"] == "8" and n["gain_vs_off"] == 1.6 and n["theta_star"] is None and n["max_batch"] == 32
     assert n["goodput_by_k"] == {"0": 100.0, "4": 150.0, "8": 160.0} and n["predicted_tpot_ms"] == 12.346
     assert a.gain_vs_off(verdict(4), prop({0: 0.0, 4: 1.0, 8: 2.0})) == 1.0  # nothing to compare against
+
+
+def test_record_names_the_uncapped_draft_full_never_its_sentinel():
+    """The admin API shows `numbers` as they are: no `1048576` key or value for "no cap"."""
+    v = h.Verdict(0, 0, "pending", False, 0.1, {0: 0.0, 4: 0.02, FULL: 0.05}, 0.05, False, FULL, 2, None, 0, {})
+    pol = SpeculationPolicy(enabled=False, max_draft=0)
+    rec = a.record(3.0, False, pol, v, prop(), TenantView("code", CODE, 10_000), None, 0.0, {}, 10.0)
+    assert rec.numbers["smoothed_improvement"] == {"0": 0.0, "4": 0.02, "full": 0.05}
+    assert rec.numbers["pending"] == ["full", 2]
+    assert str(FULL) not in repr(rec.numbers)

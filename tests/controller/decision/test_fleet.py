@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from contract.settings import DrafterSettings
 from controller.decision import (
     plan_profiles,
     DecisionConfig,
@@ -17,12 +18,16 @@ from controller.decision import (
 from .common import CHAT, CODE, context, fleet, model, replica, tenants
 
 CFG = DecisionConfig()
+# Every replica can load a DSpark checkpoint proposing 16 tokens (controller.decision.drafter).
+CFG_B16 = DecisionConfig(drafter=DrafterSettings(method="dspark", speculative_tokens=16))
 
 
 def test_plan_recommends_a_drafter_for_an_idle_off_fleet_and_off_for_a_saturated_one():
     idle = [replica(1, {"code": 1.0}, profile="off", block=0, name=f"p{i}") for i in range(2)]
-    profile, gain = fleet_plan(idle, {"code": 0, "*": 0}, model(), CFG)
-    assert profile in {p for p, b, _ in plan_profiles(idle) if b > 0} and gain > 1.2
+    profile, gain = fleet_plan(idle, {"code": 0, "*": 0}, model(), CFG_B16)
+    assert profile in {p for p, b, _ in plan_profiles(idle, CFG_B16.drafter) if b > 0} and gain > 1.2
+    # Without a drafter configured an off fleet has nothing to draft with: no plan.
+    assert fleet_plan(idle, {"code": 0, "*": 0}, model(), CFG) == (None, 1.0)
     busy = [replica(256, {"chat": 1.0}, name=f"s{i}") for i in range(2)]
     profile, gain = fleet_plan(busy, {"chat": 16, "*": 16}, model(), CFG)
     assert profile == "off" and gain > 1.0
@@ -78,4 +83,6 @@ def test_plan_stays_within_the_methods_the_fleet_runs():
     assert labels == {"off", "ngram-k2", "ngram-k4", "ngram-k8"}
     profile, _ = fleet_plan(ngram, {"code": 4, "*": 4}, model(), CFG)
     assert profile in labels
-    assert {p for p, _, _ in plan_profiles([replica(1, {}, profile="off", block=0)])} >= {"dspark-b8", "dspark-b8-av"}
+    off = [replica(1, {}, profile="off", block=0)]
+    assert {p for p, _, _ in plan_profiles(off)} == {"off"}
+    assert {p for p, _, _ in plan_profiles(off, CFG_B16.drafter)} >= {"dspark-b8", "dspark-b8-av", "dspark-b16-av"}
