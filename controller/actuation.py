@@ -110,7 +110,7 @@ class NoopRestart:
     (the controller has no hold on the replicas -- the operator applies them, guided
     by the plan document's `recommendation`)."""
 
-    name = "noop"
+    name = "recommend"  # the `controller.restart_gate.actuator` value that selects it
 
     def __init__(self, keep: int = 20) -> None:
         self.keep = keep

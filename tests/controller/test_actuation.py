@@ -166,7 +166,7 @@ async def test_hold_freezes_the_gate():
 async def test_shipped_actuator_records_the_restart_it_would_make():
     """The service's default: the gate from settings.controller.restart_gate, restarting nothing."""
     act = default_actuator(Settings().controller.restart_gate)
-    assert isinstance(act.restart, NoopRestart) and act.name == "noop"
+    assert isinstance(act.restart, NoopRestart) and act.name == "recommend"
     store = MemoryStore()
     for t in range(0, 61):
         doc = await store_fleet_plan(store, regimes_at(1.5, names=("r0",)), act, float(t))
@@ -175,7 +175,7 @@ async def test_shipped_actuator_records_the_restart_it_would_make():
     # +50 % at full loss of the default 30 s restart: 30 s of credit, 60 s of streak.
     assert t == 60 and doc["restart_now"] == ["r0", "off"]
     stored = await store.get_json(FLEET_PLAN_KEY)
-    assert stored == doc and stored["actuator"] == "noop" and stored["restarting"] == []
+    assert stored == doc and stored["actuator"] == "recommend" and stored["restarting"] == []
     assert act.restart.recorded == [("r0", "off")]
     # Nothing restarted, so the plan stands; the per-replica interval keeps the record quiet.
     doc = await store_fleet_plan(store, regimes_at(1.5, names=("r0",)), act, 61.0)
@@ -215,7 +215,7 @@ async def test_pool_replicas_are_explained_as_pool_scaling_in_recommend_mode():
     assert rec["summary"].startswith("scale vllm-dspark-b8 2->1 and vllm-dspark-b8-av 0->1: predicted 1.18x goodput "
                                      "per converted replica")
     assert "pays back its restart in ~167 s" in rec["summary"] and rec["summary"].endswith("(then 1 more replica to convert)")
-    assert doc["actuator"] == "noop" and "action" not in doc
+    assert doc["actuator"] == "recommend" and "action" not in doc
 
 
 async def test_below_min_gain_and_paused_are_said_plainly():

@@ -152,7 +152,7 @@ async def test_pause_resume_replicas_history_and_metrics(stack_factory, redis_ur
                 assert r.status_code == 400
 
                 plan = (await http.get("/admin/fleet-plan", headers=ADMIN)).json()
-                assert plan["actuator"] == "noop" and set(plan["replicas"]) == {"sim-0", "sim-1"}
+                assert plan["actuator"] == "recommend" and set(plan["replicas"]) == {"sim-0", "sim-1"}
 
             text = ctrl.metrics.render().decode()
             for name in ("specgate_controller_replica_rho", "specgate_controller_policy_enabled",

@@ -290,7 +290,7 @@ def test_default_actuator_builds_the_kubernetes_action_from_settings(tmp_path, m
     assert act.restart.apps.api_client.configuration.host == "http://127.0.0.1:9"
     assert default_actuator(gate.model_copy(update={"kubernetes": gate.kubernetes.model_copy(
         update={"namespace": "specgate"})})).restart.namespace == "specgate"
-    assert default_actuator(RestartGateSettings()).name == "noop"  # recommend: the default
+    assert default_actuator(RestartGateSettings()).name == "recommend"  # recommend: the default
 
 
 def test_names_and_convergence_rules():
