@@ -74,7 +74,6 @@ import signal
 import sys
 import time
 from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
 
 import httpx
@@ -97,6 +96,8 @@ from real_sweep_stack import (  # noqa: E402
     replica_profile,
     set_nice,
 )
+
+from specgate.load_stats import at_seconds  # noqa: E402
 
 BOOT_ESTIMATE_S = 60.0  # one replica-pair boot on 2 cores (measured 24-30 s idle, 40-90 s with other work)
 GATEWAY_ESTIMATE_S = 8.0  # gateway start + health + stop
@@ -232,7 +233,7 @@ async def drive(gateway: Gateway, replicas: dict[str, str], step: Step, args: ar
         async with httpx.AsyncClient() as client:
             admin = {
                 # The admin API gives ISO-8601 times; the report does arithmetic on epoch seconds.
-                "decisions": [{**d, "at": datetime.fromisoformat(d["at"]).timestamp()} for d in
+                "decisions": [{**d, "at": at_seconds(d["at"])} for d in
                               ((await admin_get(client, gateway.url, "/admin/decisions?limit=500")) or {}).get("data", [])],
                 "tenants": await admin_get(client, gateway.url, "/admin/tenants"),
                 "replicas": await admin_get(client, gateway.url, "/admin/replicas"),

@@ -35,6 +35,23 @@ def served_tenants(settings: Any) -> list[str]:
     return [ANONYMOUS_TENANT] if settings.gateway.allow_anonymous else []
 
 
+# The fields that decide what a tenant's requests get (`SpeculationPolicy.behaviour`).
+BEHAVIOUR_FIELDS = ("enabled", "preferred_profile", "max_draft", "min_confidence", "max_batch")
+# What makes a published policy a change: its behaviour, or who set it (an admin pin
+# replacing an identical controller choice must show as `admin`); the reason is bookkeeping.
+MATERIAL_FIELDS = (*BEHAVIOUR_FIELDS, "source")
+
+
+def policy_changes(before: "SpeculationPolicy | None", after: "SpeculationPolicy") -> dict[str, list]:
+    """What differs materially between two policies: field -> [before, after]
+    (`MATERIAL_FIELDS`; everything when there was none before). Empty = no
+    change: the controller publishes no new version, and the decision history
+    records no entry."""
+    old = before.model_dump(mode="json") if before is not None else {}
+    new = after.model_dump(mode="json")
+    return {f: [old.get(f), new[f]] for f in MATERIAL_FIELDS if before is None or old.get(f) != new[f]}
+
+
 class SpeculationPolicy(BaseModel):
     """What a tenant's requests should get from speculation right now.
 
@@ -61,7 +78,7 @@ class SpeculationPolicy(BaseModel):
     def behaviour(self) -> tuple:
         """What requests actually get; two policies equal here act the same
         (reason and source are bookkeeping)."""
-        return (self.enabled, self.preferred_profile, self.max_draft, self.min_confidence, self.max_batch)
+        return tuple(getattr(self, f) for f in BEHAVIOUR_FIELDS)
 
     def vllm_xargs(self) -> dict[str, int | float]:
         """The per-request knobs this policy implies for a knob-capable replica."""

@@ -34,7 +34,7 @@ from dataclasses import asdict
 from typing import Any, Callable, Protocol, runtime_checkable
 
 from contract.keys import FLEET_PLAN_KEY
-from contract.policy import PolicySet, SpeculationPolicy, load_policies, publish_policies
+from contract.policy import PolicySet, SpeculationPolicy, load_policies, policy_changes, publish_policies
 from contract.settings import RestartGateSettings
 from contract.store import Store
 
@@ -42,17 +42,14 @@ from .decision import ReplicaRegime
 from .kube_scaling import pool_name, replica_profile
 
 
-def _material(p: SpeculationPolicy) -> tuple:
-    """Worth a new version: a change in behaviour, or in who set it (an admin
-    pin replacing an identical controller choice must show as `admin`)."""
-    return (p.behaviour(), p.source)
-
-
-async def publish_if_changed(store: Store, policies: dict[str, SpeculationPolicy]) -> PolicySet | None:
-    """Publish a new policy version when any tenant's policy materially differs."""
-    current = await load_policies(store)
-    if set(current.policies) == set(policies) and all(
-        _material(current.policies[t]) == _material(p) for t, p in policies.items()
+async def publish_if_changed(store: Store, policies: dict[str, SpeculationPolicy],
+                             current: PolicySet | None = None) -> PolicySet | None:
+    """Publish a new policy version when any tenant's policy materially differs
+    (`contract.policy.policy_changes`) from `current` (default: the store's)."""
+    if current is None:
+        current = await load_policies(store)
+    if set(current.policies) == set(policies) and not any(
+        policy_changes(current.policies[t], p) for t, p in policies.items()
     ):
         return None
     return await publish_policies(store, policies)
@@ -328,26 +325,36 @@ class PlanGate:
         """`credit`: the predicted advantage accumulated over the streak, integral of (gain - 1) dt;
         its mean over the streak must reach `min_gain` (a gain that hovers around the
         margin earns less, but single ticks below it do not end the streak)."""
-        cost_s = self.payback * self.restart_s * max(downtime_loss, self.min_loss)
         mean_ok = streak_s > 0 and credit / streak_s >= self.min_gain - 1.0
-        return streak_s >= self.min_confirm_s and credit >= cost_s and mean_ok
+        return streak_s >= self.min_confirm_s and credit >= self.cost_s(downtime_loss) and mean_ok
+
+    def cost_s(self, downtime_loss: float) -> float:
+        """Seconds of the replica's goodput its restart is charged (the credit a streak must earn)."""
+        return self.payback * self.restart_s * max(downtime_loss, self.min_loss)
+
+    @staticmethod
+    def wanted(regimes: dict[str, ReplicaRegime]) -> tuple[dict[str, ReplicaRegime], dict[str, float]]:
+        """The replicas the plan would convert, and what each recommended profile's streak
+        earns: its best gain, fleet-wide (the streak belongs to the profile, see `actions`)."""
+        wanted = {n: r for n, r in regimes.items() if r.recommended_profile != r.profile and r.recommended_gain > 1.0}
+        gains: dict[str, float] = {}
+        for r in wanted.values():
+            gains[r.recommended_profile] = max(gains.get(r.recommended_profile, 1.0), r.recommended_gain)
+        return wanted, gains
 
     def outlook(self, regimes: dict[str, ReplicaRegime], now: float) -> dict[str, dict[str, Any]]:
         """For every replica the plan would convert, the gate's numbers (pure read of its state,
         as `actions()` last left it): the payback `cost_s` (seconds of the replica's goodput its
         restart costs), the streak's `credit_s` so far, and `pays_back_in_s`, how long until the
         restart is due if the gain holds (None: never at this gain)."""
-        wanted = {n: r for n, r in regimes.items() if r.recommended_profile != r.profile and r.recommended_gain > 1.0}
-        rate: dict[str, float] = {}  # the streak earns the profile's best gain, fleet-wide (as in `actions`)
-        for r in wanted.values():
-            rate[r.recommended_profile] = max(rate.get(r.recommended_profile, 1.0), r.recommended_gain)
+        wanted, rate = self.wanted(regimes)
         out: dict[str, dict[str, Any]] = {}
         for name in sorted(wanted):
             r = wanted[name]
             since, credit, _ = self._streak.get(r.recommended_profile, (now, 0.0, now))
             streak = max(0.0, now - since)
             charged = max(r.downtime_loss, self.min_loss)
-            cost = self.payback * self.restart_s * charged
+            cost = self.cost_s(r.downtime_loss)
             out[name] = {
                 "profile": r.recommended_profile, "gain": r.recommended_gain, "downtime_loss": r.downtime_loss,
                 "charged_loss": charged, "restart_s": self.restart_s, "min_gain": self.min_gain,
@@ -386,13 +393,7 @@ class PlanGate:
         if busy:
             self.hold(now)
             return []
-        wanted = {
-            name: r for name, r in regimes.items()
-            if r.recommended_profile != r.profile and r.recommended_gain > 1.0
-        }
-        gains: dict[str, float] = {}
-        for r in wanted.values():
-            gains[r.recommended_profile] = max(gains.get(r.recommended_profile, 1.0), r.recommended_gain)
+        wanted, gains = self.wanted(regimes)
         streaks: dict[str, tuple[float, float, float]] = {}
         for p, (since, credit, seen) in self._streak.items():
             if p in gains:

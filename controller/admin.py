@@ -62,6 +62,7 @@ from contract.policy import (
     PolicySet,
     SpeculationPolicy,
     load_policies,
+    policy_changes,
     publish_policies,
     served_tenants,
 )
@@ -69,7 +70,7 @@ from contract.settings import Settings
 from contract.store import Store
 
 from .audit import audit, is_paused, set_paused
-from .service import history_entry, policy_changes
+from .service import history_entry
 
 router = APIRouter(prefix="/admin")
 

@@ -30,7 +30,7 @@ from contract.keys import (
     STATUS_KEY,
 )
 from contract.overrides import load_overrides
-from contract.policy import SpeculationPolicy, load_policies
+from contract.policy import SpeculationPolicy, load_policies, policy_changes
 from contract.settings import Settings
 from contract.store import Store
 from contract.telemetry import read_all
@@ -170,8 +170,9 @@ class Controller:
         else:
             self.core.commit(decision)
             published = decision.policies
-            before = (await load_policies(self.store)).policies
-            result = await publish_if_changed(self.store, decision.policies)
+            current = await load_policies(self.store)
+            before = current.policies
+            result = await publish_if_changed(self.store, decision.policies, current)
             if result is not None:
                 self.metrics.publishes.inc()
                 self.metrics.policy_version.set(result.version)
@@ -253,17 +254,6 @@ class Controller:
             self._client = None
 
 
-_POLICY_FIELDS = ("enabled", "preferred_profile", "max_draft", "min_confidence", "max_batch", "source")
-
-
-def policy_changes(before: SpeculationPolicy | None, after: SpeculationPolicy) -> dict[str, list]:
-    """What differs between two published policies: field -> [before, after]
-    (behaviour and author; the reason is bookkeeping). Empty = no change."""
-    old = before.model_dump(mode="json") if before is not None else {}
-    new = after.model_dump(mode="json")
-    return {f: [old.get(f), new[f]] for f in _POLICY_FIELDS if before is None or old.get(f) != new[f]}
-
-
 def history_entry(
     tenant: str, before: SpeculationPolicy | None, after: SpeculationPolicy, reason: str, wall: float, *,
     version: int, by: str, numbers: dict | None = None,
@@ -293,4 +283,4 @@ def _record_json(record: Any, wall: float, note: str | None = None) -> dict:
     }
 
 
-__all__ = ["Controller", "SnapshotSource", "history_entry", "policy_changes"]
+__all__ = ["Controller", "SnapshotSource", "history_entry"]

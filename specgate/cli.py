@@ -8,10 +8,11 @@ import every dependency of every component.
 from __future__ import annotations
 
 import importlib
-from importlib.metadata import PackageNotFoundError, version
 from typing import Optional
 
 import typer
+
+from . import __version__
 
 app = typer.Typer(
     name="specgate",
@@ -30,18 +31,9 @@ _COMMAND_MODULES = (
 )
 
 
-def package_version() -> str:
-    """The installed distribution's version (pyproject.toml via package
-    metadata), so `--version` cannot drift from what pip installed."""
-    try:
-        return version("specgate")
-    except PackageNotFoundError:  # a source tree that was never installed
-        return "0.0.0+unknown"
-
-
 def _print_version(value: bool) -> None:
-    if value:
-        typer.echo(f"specgate {package_version()}")
+    if value:  # `specgate.__version__`: the installed package's metadata, so it cannot drift from pip's
+        typer.echo(f"specgate {__version__}")
         raise typer.Exit()
 
 

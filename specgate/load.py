@@ -40,7 +40,6 @@ from contract.telemetry import RequestSpecStats
 from .load_stats import (
     Phase,
     RequestRecord,
-    SpecCounts,
     at_seconds,
     bin_width,
     chunk_tokens,
@@ -261,16 +260,15 @@ def record_of(tenant: str, sent_s: float, status: int | None, st: StreamState, r
               error: str | None = None) -> RequestRecord:
     """A finished stream as a `RequestRecord` (speculation counts read as the gateway reads them)."""
     stats = RequestSpecStats.from_response(st.usage, st.metrics)
-    spec = None
-    if stats.num_draft_tokens is not None and stats.num_accepted_draft_tokens is not None:
-        spec = SpecCounts(stats.num_spec_steps or 0, stats.num_draft_tokens, stats.num_accepted_draft_tokens)
+    speculated = stats.num_draft_tokens is not None and stats.num_accepted_draft_tokens is not None
     known = sum(n for n in st.chunk_counts if n is not None)
     tokens = stats.completion_tokens if st.usage is not None else known
     if status == 200 and error is None and st.error is None and not st.done and st.usage is None:
         error = "stream ended early"
     return RequestRecord(
         tenant=tenant, sent_s=sent_s, status=status, completion_tokens=tokens,
-        token_times=chunk_tokens(st.chunk_times, st.chunk_counts, tokens), spec=spec, replica=replica,
+        token_times=chunk_tokens(st.chunk_times, st.chunk_counts, tokens), spec=stats if speculated else None,
+        replica=replica,
         error=error or st.error,
     )
 

@@ -31,6 +31,8 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
+from contract.telemetry import RequestSpecStats
+
 ALL = "all"  # the row / series that sums every tenant
 
 
@@ -50,15 +52,6 @@ class Phase:
 
 
 @dataclass(frozen=True)
-class SpecCounts:
-    """One response's `metrics.speculative_decoding`, as counts (they add up across requests)."""
-
-    steps: int
-    drafted: int
-    accepted: int
-
-
-@dataclass(frozen=True)
 class RequestRecord:
     """One request as the load tool saw it; times in seconds since the run's start."""
 
@@ -67,7 +60,7 @@ class RequestRecord:
     status: int | None  # HTTP status; None: the request failed in transport
     completion_tokens: int = 0
     token_times: tuple[tuple[float, int], ...] = ()  # (chunk arrival, tokens in that chunk)
-    spec: SpecCounts | None = None
+    spec: RequestSpecStats | None = None  # read as the gateway reads it; None: no speculation summary
     replica: str | None = None  # x-specgate-replica
     error: str | None = None  # transport error or error event in the stream
 
@@ -171,8 +164,8 @@ def _stats(phase: Phase, tenant: str, sent: list[RequestRecord], received: list[
         tokens=tokens_between(received, *window), window_s=window[1] - window[0],
         ttft_p50=percentile((r.ttft_s for r in ok), 50), ttft_p99=percentile((r.ttft_s for r in ok), 99),
         tpot_p50=percentile((r.tpot_s for r in ok), 50), tpot_p99=percentile((r.tpot_s for r in ok), 99),
-        spec_requests=len(spec), steps=sum(s.steps for s in spec), drafted=sum(s.drafted for s in spec),
-        accepted=sum(s.accepted for s in spec),
+        spec_requests=len(spec), steps=sum(s.num_spec_steps or 0 for s in spec),
+        drafted=sum(s.num_draft_tokens or 0 for s in spec), accepted=sum(s.num_accepted_draft_tokens or 0 for s in spec),
     )
 
 
@@ -242,8 +235,8 @@ def time_series(records: Sequence[RequestRecord], tenants: Sequence[str], end_s:
             tp[r.tenant][idx(r.sent_s)].append(r.tpot_s)
         if r.spec is not None and r.last_token_s is not None:
             cell = acc[r.tenant][idx(r.last_token_s)]
-            cell[0] += r.spec.accepted
-            cell[1] += r.spec.steps
+            cell[0] += r.spec.num_accepted_draft_tokens or 0
+            cell[1] += r.spec.num_spec_steps or 0
     return Series(
         bin_s=bin_s, starts=starts, tok_s=tok,
         ttft_p50={t: [percentile(c, 50) for c in cells] for t, cells in lat.items()},

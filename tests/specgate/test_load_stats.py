@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from contract.telemetry import RequestSpecStats
 from specgate.load import (
     LoadConfig,
     StreamState,
@@ -19,7 +20,6 @@ from specgate.load_stats import (
     Phase,
     PolicyPoint,
     RequestRecord,
-    SpecCounts,
     at_seconds,
     bin_width,
     chunk_tokens,
@@ -97,8 +97,10 @@ def test_phase_rows_cover_every_tenant_with_latency_percentiles():
 
 
 def test_acceptance_adds_counts_across_requests_as_vllm_defines_it():
-    a = rec("code", 1.0, [(1.2, 20)], spec=SpecCounts(steps=10, drafted=80, accepted=30))
-    b = rec("code", 2.0, [(2.2, 10)], spec=SpecCounts(steps=5, drafted=40, accepted=0))
+    a = rec("code", 1.0, [(1.2, 20)],
+            spec=RequestSpecStats(num_spec_steps=10, num_draft_tokens=80, num_accepted_draft_tokens=30))
+    b = rec("code", 2.0, [(2.2, 10)],
+            spec=RequestSpecStats(num_spec_steps=5, num_draft_tokens=40, num_accepted_draft_tokens=0))
     off = rec("code", 3.0, [(3.2, 10)])  # an `off` replica sends no speculative metrics
     s = phase_stats([a, b, off], PHASES, ["code"], end_s=20.0)[0]
     assert (s.spec_requests, s.steps, s.drafted, s.accepted) == (2, 15, 120, 30)
@@ -110,7 +112,8 @@ def test_acceptance_adds_counts_across_requests_as_vllm_defines_it():
 
 def test_time_series_bins_tokens_latency_and_acceptance():
     records = [
-        rec("chat", 0.2, [(0.5, 4), (1.5, 6)], spec=SpecCounts(5, 20, 5)),
+        rec("chat", 0.2, [(0.5, 4), (1.5, 6)],
+            spec=RequestSpecStats(num_spec_steps=5, num_draft_tokens=20, num_accepted_draft_tokens=5)),
         rec("code", 1.1, [(1.6, 10)]),
     ]
     s = time_series(records, ["chat", "code"], end_s=2.0, bin_s=1.0)
@@ -181,7 +184,8 @@ def test_a_gateway_stream_becomes_a_record():
     r = record_of("chat", 0.1, 200, st, replica="sim-dspark-b8-1")
     assert r.ok and r.completion_tokens == 4 and r.token_times == ((0.31, 3), (0.40, 1))
     assert r.ttft_s == pytest.approx(0.21) and r.tpot_s == pytest.approx(0.03)
-    assert r.spec == SpecCounts(steps=2, drafted=16, accepted=2) and r.replica == "sim-dspark-b8-1"
+    assert (r.spec.num_spec_steps, r.spec.num_draft_tokens, r.spec.num_accepted_draft_tokens) == (2, 16, 2)
+    assert r.replica == "sim-dspark-b8-1"
 
 
 def test_a_stream_without_metrics_or_ids_and_a_broken_one():

@@ -3,10 +3,10 @@ a chart per series (every tenant in each), phases marked, and the per-phase tabl
 
 from __future__ import annotations
 
+from contract.telemetry import RequestSpecStats
 from specgate.load_stats import (
     Phase,
     RequestRecord,
-    SpecCounts,
     phase_stats,
     policy_timeline,
     time_series,
@@ -24,7 +24,8 @@ def _data() -> ReportData:
         tenant = TENANTS[i % 2]
         sent = i * 0.5
         chunks = tuple((sent + 0.1 + j * 0.02, 2) for j in range(10))
-        spec = SpecCounts(steps=10, drafted=80, accepted=10) if sent < 6 else None
+        spec = (RequestSpecStats(num_spec_steps=10, num_draft_tokens=80, num_accepted_draft_tokens=10)
+                if sent < 6 else None)
         records.append(RequestRecord(tenant, sent, 200, 20, chunks, spec))
     t0 = 1000.0
     switches = [{"tenant": "chat", "at": t0 + 6.0, "policy": {"enabled": False, "max_draft": 0}, "reason": "k full->0"},
