@@ -36,7 +36,9 @@ def served_tenants(settings: Any) -> list[str]:
 
 
 # The fields that decide what a tenant's requests get (`SpeculationPolicy.behaviour`).
-BEHAVIOUR_FIELDS = ("enabled", "preferred_profile", "max_draft", "min_confidence", "max_batch")
+BEHAVIOUR_FIELDS = (
+    "enabled", "preferred_profile", "max_draft", "min_confidence", "max_batch", "drafter", "canary", "capture",
+)
 # What makes a published policy a change: its behaviour, or who set it (an admin pin
 # replacing an identical controller choice must show as `admin`); the reason is bookkeeping.
 MATERIAL_FIELDS = (*BEHAVIOUR_FIELDS, "source")
@@ -50,6 +52,27 @@ def policy_changes(before: "SpeculationPolicy | None", after: "SpeculationPolicy
     old = before.model_dump(mode="json") if before is not None else {}
     new = after.model_dump(mode="json")
     return {f: [old.get(f), new[f]] for f in MATERIAL_FIELDS if before is None or old.get(f) != new[f]}
+
+
+class CaptureSpec(BaseModel, frozen=True):
+    """Mirror a sample of this tenant's finished requests to the capture replica
+    (vLLM `extract_hidden_states`), whose target hidden states train the
+    tenant's own drafter (drafters/training). Opt-in only: a tenant without a
+    `capture` block is never captured. The mirror runs after the tenant's
+    response is complete and never changes it."""
+
+    fraction: float = Field(ge=0.0, le=1.0, description="share of finished requests mirrored")
+    max_per_hour: int = Field(default=600, ge=0, description="at most this many captures per hour per gateway instance")
+
+
+class CanarySpec(BaseModel, frozen=True):
+    """A candidate tenant drafter on probation: `share` of the tenant's requests
+    go to the replicas serving drafter `drafter`, the rest to the incumbent; the
+    controller compares the two arms (controller/decision/rollout.py) and
+    promotes (`SpeculationPolicy.drafter` := drafter) or rolls back."""
+
+    drafter: str = Field(min_length=1, description="drafter id of the candidate's replicas (ReplicaConfig.drafter)")
+    share: float = Field(default=0.25, gt=0.0, lt=1.0, description="share of the tenant's requests sent to the candidate")
 
 
 class SpeculationPolicy(BaseModel):
@@ -72,6 +95,12 @@ class SpeculationPolicy(BaseModel):
         default=None, ge=0,
         description="draft only while the replica's step batch is at most this (the engine applies it every step)",
     )
+    drafter: str | None = Field(
+        default=None,
+        description="the tenant's own drafter (ReplicaConfig.drafter): prefer the replicas serving it; None = the fleet's drafter",
+    )
+    canary: CanarySpec | None = Field(default=None, description="a candidate drafter under test on a share of the traffic")
+    capture: CaptureSpec | None = Field(default=None, description="opt-in: mirror a sample of requests for drafter training")
     reason: str = ""
     source: str = "default"  # "default" | "config" | "controller" | "admin"
 

@@ -49,6 +49,7 @@ from pydantic_settings import (
 )
 
 from .policy import SpeculationPolicy
+from .capture import CaptureTarget
 from .profiles import DRAFTER_METHODS, LABEL_PATTERNS, parse_profile
 
 # The cost-model preset every part falls back to (drafters.costmodel names).
@@ -72,6 +73,12 @@ class ReplicaConfig(_Strict):
     model: str | None = None
     profile: str | None = Field(
         default=None, description=f"speculation profile label: {LABEL_PATTERNS}"
+    )
+    drafter: str | None = Field(
+        default=None,
+        min_length=1,
+        description="id of a tenant-specialized drafter this replica serves (drafters/training): it then serves only "
+        "the tenants whose policy names that drafter (promoted or canary); None = the fleet's shared drafter",
     )
 
     @field_validator("url")
@@ -241,6 +248,8 @@ class GatewaySettings(_Strict):
     # Upstream HTTP client.
     upstream_pool_size: int = Field(default=256, ge=1)
     upstream_client: Literal["aiohttp", "httpx"] = "aiohttp"
+    # Drafter training data (contract.capture): where opted-in tenants' requests are mirrored.
+    capture: CaptureTarget = Field(default_factory=CaptureTarget)
 
 
 class DrafterSettings(_Strict):
@@ -356,6 +365,21 @@ class RestartGateSettings(_Strict):
     kubernetes: KubernetesActuatorSettings = Field(default_factory=KubernetesActuatorSettings)
 
 
+class RolloutSettings(_Strict):
+    """When a tenant's candidate drafter (a canary, contract.policy.CanarySpec) is
+    promoted or rolled back (controller/decision/rollout.py)."""
+
+    enabled: bool = Field(default=True, description="start canaries for new tenant drafters and decide them")
+    share: float = Field(default=0.25, gt=0, lt=1, description="share of the tenant's requests the candidate gets")
+    min_requests: int = Field(default=30, ge=2, description="finished drafting requests per arm before any verdict")
+    confidence: float = Field(default=0.95, gt=0.5, lt=1, description="one-sided confidence of the acceptance comparison")
+    min_gain: float = Field(default=0.0, ge=0, description="acceptance length the candidate must gain over the incumbent to be promoted")
+    max_goodput_loss: float = Field(
+        default=0.10, ge=0, le=1, description="promotion also needs the candidate's tokens/s per request within this share of the incumbent's"
+    )
+    max_duration_s: float = Field(default=3600.0, gt=0, description="a canary still undecided after this is rolled back")
+
+
 class ControllerSettings(_Strict):
     """The control plane."""
 
@@ -382,6 +406,7 @@ class ControllerSettings(_Strict):
     unhealthy_after_failures: int = Field(default=3, ge=1, description="consecutive failed scrapes that mark a replica unhealthy")
     decision: DecisionSettings = Field(default_factory=DecisionSettings)
     restart_gate: RestartGateSettings = Field(default_factory=RestartGateSettings)
+    rollout: RolloutSettings = Field(default_factory=RolloutSettings)
 
     @model_validator(mode="after")
     def _prior_pair(self) -> "ControllerSettings":
