@@ -38,5 +38,6 @@ REPLICAS_KEY = "controller:replicas"  # JSON {replica: regime record}
 FLEET_PLAN_KEY = "controller:fleet_plan"  # JSON fleet plan
 LEADER_KEY = "controller:leader"  # TTL lock; value = owner id
 STATUS_KEY = "controller:status"  # JSON heartbeat of the active controller
+ROLLOUTS_KEY = "controller:rollouts"  # JSON {tenant: TenantDrafters} (controller/rollout.py): drafter, canary, verdicts
 HISTORY_MAX = 500
 AUDIT_MAX = 1000

@@ -117,16 +117,20 @@ def apply_override(
     - `auto` with bounds: the current choice clamped into the bounds; the
       controller's load threshold stays.
 
+    The tenant's drafter, canary and capture opt-in are kept from `current`.
     A cap is never above the largest live block. The decision (controller/
     decision/assembly.py) and the admin API (controller/admin.py) both apply
     overrides through this function only.
     """
     if ov is None or ov.is_noop:
         return None
+    # An override is about speculating and its caps; the tenant's drafter, canary
+    # and capture opt-in are not its business and stay as they are.
+    kept = {"drafter": current.drafter, "canary": current.canary, "capture": current.capture}
     if ov.mode == "off":
         return SpeculationPolicy(
             enabled=False, preferred_profile="off" if fleet.off_pool else None, max_draft=0,
-            reason="admin override: off", source="admin",
+            reason="admin override: off", source="admin", **kept,
         )
     enabled = True if ov.mode == "on" else current.enabled
     if not enabled or fleet.max_block == 0:
@@ -144,6 +148,7 @@ def apply_override(
         max_batch=current.max_batch if current.enabled and ov.mode != "on" else None,
         reason=f"admin override: {ov.mode}",
         source="admin",
+        **kept,
     )
 
 

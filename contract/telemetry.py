@@ -5,10 +5,24 @@ The gateway adds each finished request's `metrics.speculative_decoding`
 counters and differentiates them itself, exactly as it does with vLLM's
 Prometheus counters. Counters (not events) keep the store bounded and make
 several gateway instances add up without coordination.
+
+Two groups of counters exist so two arms of a canary (controller/rollout.py)
+can be compared *with a variance*, not just a ratio of sums:
+
+* acceptance-length sufficient statistics, for requests that ran at least one
+  speculation step: `al_requests` (n), `al_sum` (sum of a), `al_sumsq` (sum of
+  a^2), with a = 1 + accepted / steps per request. Mean and sample variance of
+  the per-request acceptance length follow from these three sums, and sums add
+  across gateways and replicas like every other counter;
+* request timing, only for requests whose `duration_s` the gateway set (the
+  time from sending the request upstream to its last byte): `timed_requests`,
+  `timed_seconds`, `timed_completion_tokens`, so an arm's goodput is its timed
+  completion tokens per request-second, unbiased by untimed requests.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -24,6 +38,12 @@ COUNTER_FIELDS = (
     "num_spec_steps",  # verification steps (drafts) across those requests
     "num_draft_tokens",
     "num_accepted_draft_tokens",
+    "al_requests",  # requests with num_spec_steps > 0 (per-request acceptance length a = 1 + accepted / steps)
+    "al_sum",  # sum of a over those requests
+    "al_sumsq",  # sum of a^2 over those requests
+    "timed_requests",  # requests with a duration_s (set by the gateway)
+    "timed_seconds",  # sum of their duration_s
+    "timed_completion_tokens",  # their completion tokens
 )
 
 
@@ -36,13 +56,27 @@ class RequestSpecStats:
     num_spec_steps: int | None = None
     num_draft_tokens: int | None = None
     num_accepted_draft_tokens: int | None = None
+    # Seconds from sending the request upstream to its last byte (the gateway
+    # measures it; None = not timed, which adds to no timing counter).
+    duration_s: float | None = None
+
+    @property
+    def acceptance_length(self) -> float | None:
+        """This request's acceptance length 1 + accepted / steps (None without a step)."""
+        if not self.num_spec_steps:
+            return None
+        return 1.0 + (self.num_accepted_draft_tokens or 0) / self.num_spec_steps
 
     @classmethod
-    def from_response(cls, usage: Any, metrics: Any) -> "RequestSpecStats":
-        """Build from an OpenAI `usage` object and vLLM's `metrics` object.
+    def from_response(cls, usage: Any, metrics: Any, duration_s: Any = None) -> "RequestSpecStats":
+        """Build from an OpenAI `usage` object and vLLM's `metrics` object
+        (and, optionally, the gateway's own measure of the request's duration).
 
         Replica data is untrusted: a field of the wrong type or sign counts as
         absent rather than failing the request after its response was sent.
+        Accepted drafts above the drafted count (impossible from a sane
+        replica) are clamped to it, so one bad response cannot push an arm's
+        acceptance statistics past what was drafted.
         """
         usage = usage if isinstance(usage, dict) else {}
         spec = metrics.get("speculative_decoding") if isinstance(metrics, dict) else None
@@ -55,20 +89,30 @@ class RequestSpecStats:
             mal = spec.get("mean_acceptance_length")
             if isinstance(mal, (int, float)) and mal > 1 and accepted is not None:
                 steps = round(accepted / (mal - 1))
+        if accepted is not None and drafted is not None and accepted > drafted:
+            accepted = drafted
         return cls(
             prompt_tokens=_count(usage.get("prompt_tokens")) or 0,
             completion_tokens=_count(usage.get("completion_tokens")) or 0,
             num_spec_steps=steps,
             num_draft_tokens=drafted,
             num_accepted_draft_tokens=accepted,
+            duration_s=_seconds(duration_s),
         )
 
 
 def _count(value: Any) -> int | None:
     """A non-negative integer count, or None for anything else (bools included)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value or value < 0:
-        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        return None  # (an infinite count would make int() raise)
     return int(value)
+
+
+def _seconds(value: Any) -> float | None:
+    """A finite, non-negative duration in seconds, or None for anything else."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        return None
+    return float(value)
 
 
 @dataclass
@@ -99,6 +143,13 @@ def increments_for(stats: RequestSpecStats) -> dict[str, float]:
             num_spec_steps=stats.num_spec_steps or 0,
             num_draft_tokens=stats.num_draft_tokens,
             num_accepted_draft_tokens=stats.num_accepted_draft_tokens or 0,
+        )
+    a = stats.acceptance_length if stats.num_draft_tokens is not None else None
+    if a is not None:  # (a subset of spec_requests: those that ran at least one step)
+        increments.update(al_requests=1, al_sum=a, al_sumsq=a * a)
+    if stats.duration_s is not None and math.isfinite(stats.duration_s) and stats.duration_s >= 0:
+        increments.update(
+            timed_requests=1, timed_seconds=stats.duration_s, timed_completion_tokens=stats.completion_tokens
         )
     return increments
 

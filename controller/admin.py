@@ -17,6 +17,13 @@ gateway does not serve (`contract.policy.served_tenants`, plus `*`, the
 default policy) is a 404 wherever a route names one: an override for a typo
 would otherwise be accepted, audited and tracked by the controller forever.
 
+Tenant drafters (`controller/rollout.py`): `POST /admin/tenants/{t}/canary`
+starts a canary of a candidate drafter on a share of the tenant's requests,
+`POST .../canary/abort` ends it without a verdict, `GET .../drafter` shows
+the drafter in force, the rollout and, while a canary runs, both arms' live
+statistics and the rule's current verdict. The controller's tick judges and
+publishes; starts, aborts and its verdicts are all in the audit log.
+
 The store keeps times as epoch seconds (cheap to compare and sort); every
 response turns each `at` into ISO-8601 UTC (`2026-12-01T08:30:12.345Z`),
 because people and log pipelines read these, not arithmetic.
@@ -68,7 +75,9 @@ from contract.policy import (
 )
 from contract.settings import Settings
 from contract.store import Store
+from contract.telemetry import read_all
 
+from . import rollout
 from .audit import audit, is_paused, set_paused
 from .service import history_entry
 
@@ -248,7 +257,11 @@ async def put_override(
     published = await load_policies(store)
     live = [r.get("profile") for r in _host(request).replicas() if r.get("healthy") is not False]
     before = published.for_tenant(tenant)
-    pinned = apply_override(before, ov, FleetShape.of_profiles(live))
+    # The pin keeps the tenant's drafter, canary and capture opt-in; before the
+    # controller has published anything for it, those are the config's.
+    effective = _host(request).policy_for(tenant, published)
+    base = before.model_copy(update={f: getattr(effective, f) for f in ("drafter", "canary", "capture")})
+    pinned = apply_override(base, ov, FleetShape.of_profiles(live))
     if pinned is not None:
         result = await publish_policies(store, {**published.policies, tenant: pinned})
         applied = {"version": result.version, "policy": pinned.model_dump(mode="json")}
@@ -341,3 +354,102 @@ async def embedded_metrics(request: Request, who: str = Depends(require_admin)):
     if controller is None:
         raise HTTPException(status_code=404, detail="no controller runs in this process")
     return Response(controller.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+
+# -- tenant drafters: canary, abort, state (controller/rollout.py) ----------------
+def _served_tenant(request: Request, tenant: str) -> None:
+    if tenant not in served_tenants(_host(request).settings):
+        raise _unknown_tenant(tenant)
+
+
+def _rollout_json(r: rollout.Rollout | None) -> dict | None:
+    """A rollout as the API shows it: the per-replica baseline counters are bookkeeping."""
+    return r.model_dump(mode="json", exclude={"baseline"}) if r is not None else None
+
+
+@router.post("/tenants/{tenant}/canary")
+async def start_canary(
+    tenant: str, request: Request, body: dict = Body(...), who: str = Depends(require_admin)
+) -> dict:
+    """Start a canary of drafter `drafter` for the tenant on `share` of its
+    requests (default `controller.rollout.share`). The controller publishes it
+    on its next tick and judges it every tick after (controller/decision/rollout.py)."""
+    store = _store(request)
+    _served_tenant(request, tenant)
+    settings = _host(request).settings
+    cfg = settings.controller.rollout
+    drafter = body.get("drafter")
+    if not isinstance(drafter, str) or not drafter.strip():
+        raise HTTPException(status_code=400, detail="drafter: a drafter id (replicas[].drafter) is required")
+    share = body.get("share")
+    share = cfg.share if share is None else share
+    if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0.0 < share < 1.0:
+        raise HTTPException(status_code=400, detail="share: must be a number strictly between 0 and 1")
+    unknown = set(body) - {"drafter", "share", "note"}
+    if unknown:
+        raise HTTPException(status_code=400, detail=f"{sorted(unknown)[0]}: unknown field (drafter, share, note)")
+    if not cfg.enabled:
+        raise HTTPException(status_code=400, detail="canaries are off: controller.rollout.enabled is false")
+    docs = await rollout.load(store)
+    try:
+        doc = rollout.start(
+            docs.get(tenant, rollout.TenantDrafters()), drafter.strip(), float(share), now=time.time(), by=who,
+            replicas=settings.replicas, baseline=rollout.baseline_of(await read_all(store), tenant),
+        )
+    except rollout.RolloutRefused as exc:
+        raise HTTPException(status_code=exc.status, detail=str(exc)) from None
+    await rollout.save_one(store, tenant, doc)
+    detail = {"drafter": doc.rollout.drafter, "share": doc.rollout.share, "note": str(body.get("note") or "")[:500]}
+    entry = await audit(store, who, "canary_start", tenant, detail)
+    return _times({"tenant": tenant, "rollout": _rollout_json(doc.rollout), "audit": entry})
+
+
+@router.post("/tenants/{tenant}/canary/abort")
+async def abort_canary(
+    tenant: str, request: Request, body: dict | None = Body(None), who: str = Depends(require_admin)
+) -> dict:
+    """End the tenant's running canary without a verdict (409 when none runs);
+    its drafter may be tried again later. The next tick clears it from the policy."""
+    store = _store(request)
+    _served_tenant(request, tenant)
+    note = str((body or {}).get("note") or "")[:500] if isinstance(body, dict) else ""
+    docs = await rollout.load(store)
+    try:
+        doc = rollout.abort(docs.get(tenant, rollout.TenantDrafters()), now=time.time(), by=who, note=note)
+    except rollout.RolloutRefused as exc:
+        raise HTTPException(status_code=exc.status, detail=str(exc)) from None
+    await rollout.save_one(store, tenant, doc)
+    entry = await audit(store, who, "canary_abort", tenant, {"drafter": doc.rollout.drafter, "note": note})
+    return _times({"tenant": tenant, "rollout": _rollout_json(doc.rollout), "audit": entry})
+
+
+@router.get("/tenants/{tenant}/drafter")
+async def tenant_drafter(tenant: str, request: Request, who: str = Depends(require_admin)) -> dict:
+    """The tenant's drafter story: the drafter in force, rolled-back ids, the
+    latest rollout and, while a canary runs, both arms' live statistics and
+    the rule's current verdict (what the next tick would decide)."""
+    store = _store(request)
+    _served_tenant(request, tenant)
+    host = _host(request)
+    doc = (await rollout.load(store)).get(tenant, rollout.TenantDrafters())
+    arms = verdict = None
+    r = doc.rollout
+    if r is not None and r.running:
+        counters = await read_all(store)
+        candidate, incumbent = rollout.arms(r, tenant, counters, host.settings.replicas)
+        arms = {"candidate": {"replicas": rollout.serving(host.settings.replicas, r.drafter), **candidate.to_json()},
+                "incumbent": incumbent.to_json()}
+        v = rollout.verdict_for(doc, tenant, counters, host.settings.replicas, host.settings.controller.rollout, time.time())
+        verdict = {"verdict": v.verdict, "reason": v.reason, "numbers": v.numbers} if v else None
+    policy = host.policy_for(tenant, await host.policies())
+    return _times({
+        "tenant": tenant,
+        "drafter": doc.drafter,
+        "state": r.state if r is not None else None,
+        "rolled_back": doc.rolled_back,
+        "rollout": _rollout_json(r),
+        "arms": arms,
+        "verdict": verdict,
+        "published": {"drafter": policy.drafter, "canary": policy.canary.model_dump(mode="json") if policy.canary else None},
+        "past": [_rollout_json(p) for p in doc.past],
+    })

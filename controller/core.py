@@ -17,7 +17,7 @@ from contract.telemetry import TelemetryCounters
 from contract.vllm_metrics import VllmMetricsSnapshot
 
 from .costs import ReplicaCost
-from .decision import FULL, Decision, DecisionConfig, TenantState, decide
+from .decision import FULL, Carried, Decision, DecisionConfig, TenantState, decide
 from .decision.views import method_of
 from .estimators import ReplicaEstimator, TenantEstimator, replica_views
 from .signals import ReplicaDeltaTracker, TelemetryDeltaTracker
@@ -87,9 +87,14 @@ class ControlCore:
         self.telemetry_tracker = TelemetryDeltaTracker()
 
     # -- decision -------------------------------------------------------
-    def decide(self, now: float, overrides: dict[str, TenantOverride] | None = None, extra_tenants: set[str] | None = None) -> Decision:
+    def decide(
+        self, now: float, overrides: dict[str, TenantOverride] | None = None, extra_tenants: set[str] | None = None,
+        carried: "dict[str, Carried] | None" = None,
+    ) -> Decision:
+        """`carried`: per tenant, the drafter / canary / capture its policy carries (`decision.Carried`)."""
         overrides = overrides or {}
-        tenants = set(self.tpot_targets) | set(overrides) | (extra_tenants or set())
+        carried = carried or {}
+        tenants = set(self.tpot_targets) | set(overrides) | (extra_tenants or set()) | set(carried)
         return decide(
             replica_views(self.replicas, self.tenants.replica_mix(), self.tenants.prompt_tokens(), self.tenants.prefill_ratio()),
             self.tenants.views(tenants, self.tpot_targets),
@@ -97,6 +102,7 @@ class ControlCore:
             overrides,
             now,
             self.decision_config,
+            carried,
         )
 
     def commit(self, decision: Decision) -> None:

@@ -2,7 +2,10 @@
 
 Each tick (leader only): scrape replicas -> interval samples -> estimators;
 read the gateway's telemetry counters -> deltas -> tenant estimator; read
-admin overrides and the pause flag; `decide()`; publish changed policies;
+admin overrides and the pause flag; judge running drafter canaries
+(`controller/rollout.py`: promote / roll back, written to the store and the
+audit log) and carry each tenant's drafter, canary and capture opt-in into
+its policy; `decide()`; publish changed policies;
 store the per-tenant last decision, the bounded change history, replica
 regimes and the fleet plan for the admin API; update /metrics.
 
@@ -30,14 +33,15 @@ from contract.keys import (
     STATUS_KEY,
 )
 from contract.overrides import load_overrides
-from contract.policy import SpeculationPolicy, load_policies, policy_changes
+from contract.policy import SpeculationPolicy, load_policies, policy_changes, served_tenants
 from contract.settings import Settings
 from contract.store import Store
 from contract.telemetry import read_all
 from contract.vllm_metrics import VllmMetricsSnapshot, fetch_metrics
 
+from . import rollout
 from .actuation import Actuator, default_actuator, publish_if_changed, regime_dict, store_fleet_plan
-from .audit import is_paused
+from .audit import audit, is_paused
 from .core import ControlCore
 from .costs import ReplicaCost
 from .decision import Decision
@@ -74,6 +78,10 @@ class Controller:
         self.actuator = actuator or default_actuator(self.config.restart_gate)
         self.metrics = metrics or ControllerMetrics(top_n=self.config.top_tenants)
         self._tpot = {t.id: t.tpot_target_ms for t in settings.tenants}
+        self._served = set(served_tenants(settings))
+        # The config's speculation block per tenant: its capture opt-in (and
+        # drafter) ride on every policy this controller publishes.
+        self._configured = {t.id: t.speculation for t in settings.tenants}
         self.core = ControlCore(
             self.config.decision,
             cost_factory=lambda name, profile: ReplicaCost.for_names(
@@ -129,15 +137,20 @@ class Controller:
             if snap is None:
                 self.metrics.scrape_failures.labels(rc.name).inc()
             self.core.observe_replica(rc.name, rc.profile or "off", at, merge_gpu_gauges(snap, dcgm) if snap else None)
-        self.core.observe_telemetry(await read_all(self.store), dt)
+        counters = await read_all(self.store)
+        self.core.observe_telemetry(counters, dt)
 
         overrides = await load_overrides(self.store)
         paused = await is_paused(self.store)
+        docs = await self._rollouts(counters, paused)
+        # Configured tenants always (their capture opt-in), others (`anonymous`) once they have a drafter story.
+        carried = rollout.carried([*self._configured, *(t for t in docs if t in self._served and t not in self._configured)],
+                                  docs, self._configured)
         # The decision is pure CPU work (seconds for large fleets x many
         # tenants): in a worker thread, so an embedding gateway's event loop
         # keeps serving requests meanwhile. Nothing else touches the core
         # during a tick.
-        decision = await asyncio.to_thread(self.core.decide, now, overrides)
+        decision = await asyncio.to_thread(self.core.decide, now, overrides, None, carried)
         # The lock was renewed at the start of the tick; scraping and deciding
         # take time, so confirm leadership again before writing anything, or a
         # standby that took over meanwhile and this instance would both publish.
@@ -148,6 +161,33 @@ class Controller:
         if self.on_tick is not None:
             self.on_tick(decision)
         return decision
+
+    async def _rollouts(self, counters: list, paused: bool) -> dict[str, rollout.TenantDrafters]:
+        """Judge running canaries (`controller.rollout`) and write their verdicts;
+        returns the rollout documents the policies carry this tick. Paused:
+        nothing is decided (the canary keeps running, its clock too)."""
+        docs = await rollout.load(self.store)
+        if paused or not any(d.rollout is not None and d.rollout.running for d in docs.values()):
+            return docs
+        by = f"controller:{self.owner}"
+        judged = docs
+        plan = rollout.step(judged, counters, self.settings.replicas, self.config.rollout, time.time(), by, self._served)
+        for tenant, ended in plan.ended.items():
+            # Re-read: an admin may have aborted (or replaced) the canary while
+            # it was judged; the admin's write wins and this verdict is dropped.
+            current = await rollout.load(self.store)
+            if not rollout.same_canary(current.get(tenant), judged.get(tenant)):
+                log.info("canary of %s changed while judged; verdict dropped", tenant)
+                docs = current
+                continue
+            await rollout.save_one(self.store, tenant, ended)
+            docs = {**current, tenant: ended}
+            verdict = plan.verdicts[tenant]
+            action = "canary_promote" if verdict.verdict == "promote" else "canary_rollback"
+            log.info("%s %s drafter %s: %s", action, tenant, ended.rollout.drafter, verdict.reason)
+            await audit(self.store, by, action, tenant,
+                        {"drafter": ended.rollout.drafter, "reason": verdict.reason, "numbers": verdict.numbers})
+        return docs
 
     async def _scrape(self, client: httpx.AsyncClient) -> dict[str, tuple[float, VllmMetricsSnapshot | None]]:
         """This tick's new scrapes: our own, or the host's that we have not seen yet."""

@@ -16,11 +16,16 @@ same code.
   confirmation, strong signals), and the same for floors and thresholds;
 - `floor`: the confidence floor theta* for the chosen cap, when it pays;
 - `threshold`: the batch above which everyone off would win (max_batch);
-- `assembly`: the published policy (routing, admin overrides), reason, record;
+- `assembly`: the published policy (routing, admin overrides, the carried
+  drafter / canary / capture opt-in), reason, record;
+- `rollout`: the canary rule (promote / roll back / wait), used by
+  `controller/rollout.py` outside `decide()`;
 - `fleet`: per-replica regime, fleet plan and downtime cost.
 """
 
 from __future__ import annotations
+
+from typing import Mapping
 
 from contract.overrides import TenantOverride
 
@@ -49,6 +54,7 @@ from .optimizer import Optimizer, Plan, TenantProposal
 from .threshold import LoadThresholds, spec_max_batch
 from .views import (
     FULL,
+    Carried,
     CostFn,
     Decision,
     DecisionRecord,
@@ -69,7 +75,11 @@ def decide(
     overrides: dict[str, TenantOverride],
     now: float,
     cfg: DecisionConfig = DEFAULT_CONFIG,
+    carried: "Mapping[str, Carried] | None" = None,
 ) -> Decision:
+    """`carried`: per tenant, the drafter, canary and capture opt-in its policy
+    carries unchanged (`assembly.carry`); absent = none."""
+    carried = carried or {}
     ctx = fleet_context(replicas, tenants, state, cfg)
     model = ctx.goodput_model()
     opt = Optimizer(ctx, model, overrides, cfg)
@@ -94,6 +104,7 @@ def decide(
 
         tenant_rho = {r.name: rho[r.name] for r in ctx.homes[t]}
         policy = assembly.tenant_policy(ctx, verdict, proposal, ov, theta, max_batch, tenant_rho, view.acceptance)
+        policy = assembly.carry(policy, carried.get(t), prev.policy)
         changed = hysteresis.policy_changed(prev, policy)
         new_state[t] = hysteresis.remember(prev, verdict, policy, theta, theta_ema, changed, now)
         policies[t] = policy
@@ -104,7 +115,7 @@ def decide(
 
 
 __all__ = [
-    "FULL", "plan_profiles", "CostFn", "Decision", "DecisionConfig", "DecisionRecord", "FleetContext", "GoodputModel",
+    "FULL", "Carried", "plan_profiles", "CostFn", "Decision", "DecisionConfig", "DecisionRecord", "FleetContext", "GoodputModel",
     "LoadThresholds", "Optimizer", "Plan", "ReplicaEval", "ReplicaInput", "ReplicaRegime", "TenantProposal",
     "TenantState", "TenantView", "cap_label", "confidence_floor", "decide", "downtime_loss", "effective_cap",
     "fleet_context", "fleet_plan", "marginal_theta", "operating_rho", "regime_label", "replica_load", "run_batch",

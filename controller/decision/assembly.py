@@ -7,7 +7,9 @@ and the operator's word. Admin overrides go through `contract.overrides` --
 `clamp_confidence` for floors, `apply_override` for the policy -- so an
 override means the same here as in the admin API. Where `apply_override`
 cannot know the fleet, the decision's fleet knowledge is kept (see
-`with_override`).
+`with_override`). What the decision does not choose -- the tenant's
+drafter, canary and capture opt-in -- is carried onto the policy last
+(`carry`), after any override, so neither the optimizer nor a pin drops it.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from .context import FleetContext
 from .goodput import regime_label
 from .hysteresis import Verdict
 from .optimizer import TenantProposal
-from .views import FULL, DecisionRecord, TenantView, cap_label
+from .views import FULL, Carried, DecisionRecord, TenantView, cap_label
 
 
 def speculation_policy(k: int, theta: float | None, ctx: FleetContext, max_batch: int | None) -> SpeculationPolicy:
@@ -51,6 +53,18 @@ def with_override(policy: SpeculationPolicy, ov: TenantOverride | None, ctx: Fle
     tenant pinned off to the off pool, and caps at the largest live block.
     """
     return apply_override(policy, ov, FleetShape(off_pool=ctx.off_pool, max_block=ctx.max_block)) or policy
+
+
+def carry(policy: SpeculationPolicy, carried: Carried | None, prev: SpeculationPolicy | None) -> SpeculationPolicy:
+    """`policy` with the tenant's drafter, canary and capture opt-in (`Carried`)
+    set. When the drafter or canary differ from the previous policy's, the
+    rollout's note leads the reason: that change is the news of this tick."""
+    c = carried or Carried()
+    out = policy.model_copy(update={"drafter": c.drafter, "canary": c.canary, "capture": c.capture})
+    moved = (prev.drafter, prev.canary) != (c.drafter, c.canary) if prev is not None else bool(c.drafter or c.canary)
+    if moved and c.note:
+        out = out.model_copy(update={"reason": f"{c.note}; {policy.reason}" if policy.reason else c.note})
+    return out
 
 
 def gain_vs_off(v: Verdict, p: TenantProposal) -> float:

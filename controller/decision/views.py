@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from contract.policy import SpeculationPolicy
+from contract.policy import CanarySpec, CaptureSpec, SpeculationPolicy
 from contract.profiles import parse_profile
 
 
@@ -88,6 +88,25 @@ class TenantView:
     # different shares of one tenant's tokens. Methods without data fall back to
     # `acceptance`.
     by_method: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Carried:
+    """What a tenant's published policy carries that the decision does not choose.
+
+    The decision picks caps, floors, thresholds and routing from measurements;
+    which drafter serves the tenant (promoted by a rollout, or configured),
+    the canary under test, and the tenant's capture opt-in (its config's
+    `speculation.capture`) are facts it must publish unchanged -- the gateway
+    reads them only from the published policy, which replaces the config's.
+    `note`: the rollout's latest step (why drafter/canary are what they are);
+    it joins the policy's reason when they change, so the decision history
+    says why a drafter was promoted or a canary ended."""
+
+    drafter: str | None = None
+    canary: CanarySpec | None = None
+    capture: CaptureSpec | None = None
+    note: str = ""
 
 
 @dataclass(frozen=True)

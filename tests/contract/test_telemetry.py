@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from contract.telemetry import RequestSpecStats
+from contract.telemetry import COUNTER_FIELDS, RequestSpecStats, increments_for
 
 
 def test_reads_vllm_summary():
@@ -37,3 +37,55 @@ def test_malformed_fields_count_as_absent(usage, metrics):
     assert stats.prompt_tokens >= 0 and stats.completion_tokens >= 0
     for value in (stats.num_spec_steps, stats.num_draft_tokens, stats.num_accepted_draft_tokens):
         assert value is None or (isinstance(value, int) and value >= 0)
+
+
+# -- per-request acceptance-length and timing sums (canary comparison) ----------
+
+def test_acceptance_length_sums_per_drafting_request():
+    stats = RequestSpecStats(prompt_tokens=5, completion_tokens=20, num_spec_steps=8, num_draft_tokens=32,
+                             num_accepted_draft_tokens=12)
+    inc = increments_for(stats)
+    assert inc["al_requests"] == 1
+    assert inc["al_sum"] == pytest.approx(2.5)  # 1 + 12 / 8
+    assert inc["al_sumsq"] == pytest.approx(6.25)
+    assert "timed_requests" not in inc  # not timed: no timing counter moves
+    assert set(inc) <= set(COUNTER_FIELDS)
+
+
+def test_no_acceptance_sample_without_a_step_or_a_summary():
+    # A request that drafted nothing (speculation off, or finished in its prefill) says nothing about acceptance.
+    assert "al_requests" not in increments_for(RequestSpecStats(completion_tokens=1, num_spec_steps=0, num_draft_tokens=0,
+                                                                 num_accepted_draft_tokens=0))
+    assert "al_requests" not in increments_for(RequestSpecStats(completion_tokens=9))
+
+
+def test_timing_counters_only_when_the_gateway_timed_the_request():
+    inc = increments_for(RequestSpecStats(completion_tokens=40, duration_s=0.8))
+    assert (inc["timed_requests"], inc["timed_seconds"], inc["timed_completion_tokens"]) == (1, 0.8, 40)
+    assert "al_requests" not in inc
+
+
+@pytest.mark.parametrize("duration", [-1.0, float("nan"), float("inf"), "1.5", True, None, [1]])
+def test_bad_duration_counts_as_untimed(duration):
+    stats = RequestSpecStats.from_response({"completion_tokens": 4}, {}, duration_s=duration)
+    assert stats.duration_s is None
+    assert "timed_requests" not in increments_for(stats)
+
+
+def test_from_response_carries_the_duration_and_the_acceptance_length():
+    stats = RequestSpecStats.from_response(
+        {"prompt_tokens": 7, "completion_tokens": 20},
+        {"speculative_decoding": {"num_spec_steps": 8, "num_draft_tokens": 32, "num_accepted_draft_tokens": 12}},
+        duration_s=1.25,
+    )
+    assert stats.duration_s == 1.25 and stats.acceptance_length == pytest.approx(2.5)
+    assert RequestSpecStats.from_response({}, {}).duration_s is None  # existing callers: two arguments
+
+
+def test_an_impossible_acceptance_is_clamped_and_an_infinite_count_is_absent():
+    stats = RequestSpecStats.from_response(
+        {"completion_tokens": float("inf")},
+        {"speculative_decoding": {"num_spec_steps": 2, "num_draft_tokens": 8, "num_accepted_draft_tokens": 10**9}},
+    )
+    assert stats.num_accepted_draft_tokens == 8 and stats.completion_tokens == 0
+    assert increments_for(stats)["al_sum"] == pytest.approx(5.0)  # 1 + 8 / 2: never past what was drafted

@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 
 from contract.overrides import TenantOverride, apply_override
-from contract.policy import SpeculationPolicy
-from controller.decision import FULL, TenantProposal, TenantView
+from contract.policy import CanarySpec, CaptureSpec, SpeculationPolicy
+from controller.decision import FULL, Carried, TenantProposal, TenantView, decide
 from controller.decision import assembly as a
 from controller.decision import hysteresis as h
 
-from .common import CODE, context, fleet, replica
+from .common import CODE, context, fleet, replica, tenants
 
 
 def verdict(chosen, forced=False, why="holding"):
@@ -105,3 +105,32 @@ def test_record_names_the_uncapped_draft_full_never_its_sentinel():
     assert rec.numbers["smoothed_improvement"] == {"0": 0.0, "4": 0.02, "full": 0.05}
     assert rec.numbers["pending"] == ["full", 2]
     assert str(FULL) not in repr(rec.numbers)
+
+
+# -- what the policy carries: drafter, canary, capture opt-in ------------------
+
+def test_carry_sets_drafter_canary_and_capture_and_explains_a_move():
+    base = SpeculationPolicy(enabled=True, max_draft=4, reason="holding k=4")
+    c = Carried(drafter="d2", canary=None, capture=CaptureSpec(fraction=0.1), note="drafter d2 promoted: better")
+    moved = a.carry(base, c, prev=SpeculationPolicy(drafter=None, canary=CanarySpec(drafter="d2")))
+    assert (moved.drafter, moved.canary, moved.capture) == ("d2", None, CaptureSpec(fraction=0.1))
+    assert moved.reason == "drafter d2 promoted: better; holding k=4" and moved.max_draft == 4
+    # Same drafter and canary as before: the note is old news, the reason stays the decision's.
+    held = a.carry(base, c, prev=moved)
+    assert held.reason == "holding k=4" and held.capture == CaptureSpec(fraction=0.1)
+    # Nothing carried: a policy published without them (e.g. after a rollback clears the canary).
+    bare = a.carry(base, None, prev=moved)
+    assert (bare.drafter, bare.canary, bare.capture) == (None, None, None)
+
+
+def test_decide_publishes_the_carried_fields_and_an_override_keeps_them():
+    c = {"code": Carried(drafter="code-v3", canary=CanarySpec(drafter="code-v4", share=0.2),
+                         capture=CaptureSpec(fraction=0.25, max_per_hour=10), note="canary code-v4 (share 0.2) started by x")}
+    for ov in ({}, {"code": TenantOverride(mode="off")}, {"code": TenantOverride(mode="on", max_draft_max=2)}):
+        d = decide(fleet(4, {"code": 1.0}), tenants(code=CODE), {}, ov, now=0.0, carried=c)
+        p = d.policies["code"]
+        assert (p.drafter, p.canary, p.capture) == ("code-v3", c["code"].canary, c["code"].capture), ov
+        assert p.reason.startswith("canary code-v4 (share 0.2) started by x")
+    # The override rule alone keeps them too (the admin API publishes its pins through it).
+    p = apply_override(SpeculationPolicy(drafter="d", capture=CaptureSpec(fraction=0.5)), TenantOverride(mode="off"))
+    assert p is not None and not p.enabled and p.drafter == "d" and p.capture == CaptureSpec(fraction=0.5)
