@@ -47,8 +47,10 @@ _TENANT_SAFE = re.compile(r"[^A-Za-z0-9_.-]")
 
 
 def tenant_slug(tenant: str) -> str:
-    """A tenant id as it may appear in a file name (samples are grouped per tenant)."""
-    return _TENANT_SAFE.sub("_", tenant) or "_"
+    """A tenant id as it may appear in a file name (samples are grouped per tenant).
+    Never `.`/`..` nor a hidden name: a leading dot becomes `_`."""
+    slug = _TENANT_SAFE.sub("_", tenant) or "_"
+    return "_" + slug[1:] if slug.startswith(".") else slug
 
 
 class CaptureTarget(BaseModel):

@@ -1,3 +1,4 @@
 """Capture of target hidden states for drafter training: the bounded sample
-store (store.py) and the vLLM hidden-states connector that fills it
-(connector.py). See contract/capture.py for the sample format."""
+store (store.py), the vLLM hidden-states connector that fills it
+(connector.py, imported only inside vLLM) and the capture replica's vLLM
+arguments (replica.py, pure). See contract/capture.py for the sample format."""

@@ -71,10 +71,20 @@ class SampleStore:
         self.max_bytes = int(max_bytes)
         self.ttl_s = float(ttl_s)
         self._lock = threading.Lock()
+        self._last_stamp_ns = 0
+
+    def _next_stamp_ns(self) -> int:
+        """A strictly increasing modification time for each write: file systems
+        stamp files with a coarse clock (a few ms), so back-to-back samples
+        would tie and "oldest first" would be arbitrary."""
+        self._last_stamp_ns = max(time.time_ns(), self._last_stamp_ns + 1)
+        return self._last_stamp_ns
 
     # -- writing -------------------------------------------------------------
     def path_for(self, tenant: str, request_id: str) -> Path:
-        safe_id = "".join(c if c.isalnum() or c in "-_." else "_" for c in request_id)
+        safe_id = "".join(c if c.isalnum() or c in "-_." else "_" for c in request_id) or "_"
+        if safe_id.startswith("."):  # a hidden name would pass for a temporary file and escape the bounds
+            safe_id = "_" + safe_id[1:]
         return self.root / tenant_slug(tenant) / f"{safe_id}{SAMPLE_SUFFIX}"
 
     def put(self, tenant: str, request_id: str, tensors: dict[str, Any], meta: SampleMeta) -> Path:
@@ -96,6 +106,8 @@ class SampleStore:
             tmp = path.parent / f"{_TMP_PREFIX}{path.name}"
             with open(tmp, "wb") as f:
                 f.write(blob)
+            stamp = self._next_stamp_ns()
+            os.utime(tmp, ns=(stamp, stamp))
             os.replace(tmp, path)
             stats["high_water_bytes"] = max(stats.get("high_water_bytes", 0), self._used_bytes())
             self._save_stats(stats)
@@ -110,10 +122,11 @@ class SampleStore:
             self._save_stats(stats)
 
     def _evict_locked(self, stats: dict, *, incoming: int, now: float) -> None:
+        self._drop_stale_tmp(now)
         files = sorted(self._files(), key=lambda e: e[1])  # oldest first
         used = sum(size for _, _, size in files)
-        for path, mtime, size in files:
-            expired = now - mtime > self.ttl_s
+        for path, mtime_ns, size in files:
+            expired = now - mtime_ns / 1e9 > self.ttl_s
             if not expired and used + incoming <= self.max_bytes:
                 continue
             try:
@@ -131,9 +144,9 @@ class SampleStore:
 
     def read(self, key: SampleKey | str) -> tuple[dict[str, Any], SampleMeta | None]:
         """(tensors, meta) of one sample; FileNotFoundError once it was evicted."""
+        path = self._path(key)  # a bad key is refused before anything is imported or opened
         from safetensors import safe_open
 
-        path = self._path(key)
         with safe_open(str(path), framework="pt") as f:
             meta = SampleMeta.from_metadata(f.metadata())
             tensors = {name: f.get_tensor(name) for name in f.keys()}
@@ -169,11 +182,19 @@ class SampleStore:
     def _path(self, key: SampleKey | str) -> Path:
         rel = key.key if isinstance(key, SampleKey) else key
         path = (self.root / rel).resolve()
-        if self.root.resolve() not in path.parents:
-            raise ValueError(f"capture store: key {rel!r} is outside the store")
+        # A key names a sample file one tenant directory below the root, nothing else
+        # (not the root's own files, not a directory, not a file elsewhere).
+        if (
+            path.parent.parent != self.root.resolve()
+            or not path.name.endswith(SAMPLE_SUFFIX)
+            or path.name.startswith(_TMP_PREFIX)
+        ):
+            raise ValueError(f"capture store: key {rel!r} does not name a sample in the store")
         return path
 
-    def _files(self) -> Iterator[tuple[Path, float, int]]:
+    def _files(self) -> Iterator[tuple[Path, int, int]]:
+        """(path, mtime in ns, size) of every sample: integer ns, as floats of
+        seconds cannot tell apart stamps a few hundred ns apart."""
         if not self.root.is_dir():
             return
         for tenant_dir in self.root.iterdir():
@@ -186,7 +207,22 @@ class SampleStore:
                     st = path.stat()
                 except FileNotFoundError:
                     continue
-                yield path, st.st_mtime, st.st_size
+                yield path, st.st_mtime_ns, st.st_size
+
+    def _drop_stale_tmp(self, now: float) -> None:
+        """Temporary files a crashed writer left behind: invisible to the bound,
+        so they go once older than the TTL (a live write takes far less)."""
+        if not self.root.is_dir():
+            return
+        for tenant_dir in self.root.iterdir():
+            if not tenant_dir.is_dir():
+                continue
+            for path in tenant_dir.glob(f"{_TMP_PREFIX}*"):
+                try:
+                    if now - path.stat().st_mtime > self.ttl_s:
+                        path.unlink()
+                except FileNotFoundError:
+                    continue
 
     def _used_bytes(self) -> int:
         return sum(size for _, _, size in self._files())
