@@ -28,7 +28,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 
 # The key of specgate's block inside a capture request's `kv_transfer_params`
 # (vLLM hands `kv_transfer_params` to the KV connector with the request).
@@ -64,6 +64,15 @@ class CaptureTarget(BaseModel):
     concurrency: int = Field(default=2, ge=1, description="capture requests in flight at once")
     timeout_s: float = Field(default=60.0, gt=0, description="one capture request (prefill of prompt + completion)")
     max_tokens_per_sample: int = Field(default=4096, ge=2, description="longer requests are not captured")
+
+    @field_validator("url", mode="before")
+    @classmethod
+    def _url(cls, value: Any) -> Any:
+        """An empty URL (an unset compose variable) means capture off."""
+        if isinstance(value, str):
+            value = value.strip().rstrip("/")
+            return value or None
+        return value
 
 
 def capture_request_body(

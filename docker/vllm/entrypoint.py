@@ -21,6 +21,15 @@ Environment:
   SPECGATE_HOST / SPECGATE_PORT  bind address (default 0.0.0.0:8000)
   SPECGATE_VLLM_ARGS        extra vLLM flags, shell-quoted (e.g. "--max-num-seqs 256")
   SPECGATE_SKIP_CHECKPOINT_VALIDATION=1  start even if the drafter check fails (not advised)
+  SPECGATE_ROLE             replica (default) | capture. A capture replica serves no tenant: it runs
+                            vLLM's extract_hidden_states with specgate's connector and writes the
+                            target's hidden states of mirrored requests into the bounded store
+                            (docs/drafters.md "Drafters that learn from live traffic"); SPECGATE_PROFILE
+                            and SPECGATE_DRAFTER_PATH are then not used, and these apply:
+  SPECGATE_CAPTURE_LAYERS   comma-separated hidden-state layer ids (required for capture; `specgate
+                            drafter layers --drafter D --target M` prints the ids a drafter trains on)
+  SPECGATE_CAPTURE_STORE    store directory (default /dev/shm/specgate-capture: RAM, never disk)
+  SPECGATE_CAPTURE_MAX_BYTES / SPECGATE_CAPTURE_TTL_S  the store's bounds (default 1 GiB / 86400 s)
 Arguments: ``--dry-run`` prints the command and environment as JSON and exits; any other
 arguments are appended to vLLM's.
 """
@@ -88,7 +97,42 @@ def _lookup_overrides(environ: dict[str, str], profile) -> dict[str, int]:
     return out
 
 
+def _base_args(environ: dict[str, str], extra: list[str]) -> list[str]:
+    args = ["--host", environ.get("SPECGATE_HOST", "0.0.0.0"), "--port", environ.get("SPECGATE_PORT", "8000")]
+    if environ.get("SPECGATE_SERVED_MODEL_NAME"):
+        args += ["--served-model-name", environ["SPECGATE_SERVED_MODEL_NAME"]]
+    return args + shlex.split(environ.get("SPECGATE_VLLM_ARGS", "")) + extra
+
+
+def build_capture_command(environ: dict[str, str], extra: list[str]) -> tuple[list[str], dict[str, str]]:
+    """A capture replica: the target with extract_hidden_states + specgate's
+    connector (drafters.capture.replica builds the flags)."""
+    from drafters.capture.replica import capture_replica_args
+    from drafters.capture.store import DEFAULT_MAX_BYTES, DEFAULT_ROOT, DEFAULT_TTL_S
+
+    target = environ.get("SPECGATE_TARGET_MODEL", "").strip()
+    if not target:
+        _fail("SPECGATE_TARGET_MODEL is not set (the model vLLM serves, e.g. Qwen/Qwen3-8B)")
+    raw = environ.get("SPECGATE_CAPTURE_LAYERS", "").strip()
+    if not raw:
+        _fail("SPECGATE_ROLE=capture needs SPECGATE_CAPTURE_LAYERS (e.g. 1,18,33,36; "
+              "`specgate drafter layers --drafter D --target M` prints them)")
+    try:
+        layers = [int(x) for x in raw.split(",") if x.strip()]
+        max_bytes = int(environ.get("SPECGATE_CAPTURE_MAX_BYTES") or DEFAULT_MAX_BYTES)
+        ttl_s = float(environ.get("SPECGATE_CAPTURE_TTL_S") or DEFAULT_TTL_S)
+        flags = capture_replica_args(layers, environ.get("SPECGATE_CAPTURE_STORE") or DEFAULT_ROOT, max_bytes, ttl_s)
+    except ValueError as exc:
+        _fail(f"capture replica: {exc}")
+    return ["vllm", "serve", target, *flags, *_base_args(environ, extra)], {}
+
+
 def build_command(environ: dict[str, str], extra: list[str]) -> tuple[list[str], dict[str, str]]:
+    role = environ.get("SPECGATE_ROLE", "replica").strip() or "replica"
+    if role == "capture":
+        return build_capture_command(environ, extra)
+    if role != "replica":
+        _fail(f"SPECGATE_ROLE must be replica or capture, got {role!r}")
     from contract.profiles import LABEL_PATTERNS, parse_profile
     from drafters.profiles import drafter_kind, vllm_env, vllm_launch_args
 
@@ -113,11 +157,7 @@ def build_command(environ: dict[str, str], extra: list[str]) -> tuple[list[str],
         drafter = None
     lookup = _lookup_overrides(environ, profile)
 
-    args = ["--host", environ.get("SPECGATE_HOST", "0.0.0.0"), "--port", environ.get("SPECGATE_PORT", "8000")]
-    if environ.get("SPECGATE_SERVED_MODEL_NAME"):
-        args += ["--served-model-name", environ["SPECGATE_SERVED_MODEL_NAME"]]
-    args += shlex.split(environ.get("SPECGATE_VLLM_ARGS", ""))
-    args += extra
+    args = _base_args(environ, extra)
     try:
         argv = vllm_launch_args(profile, target_model=target, drafter_path=drafter, extra_args=args, **lookup)
     except ValueError as exc:

@@ -152,3 +152,28 @@ def test_dflash_profile_validates_its_drafter_and_refuses_another_method(specula
     proc = _run({"SPECGATE_PROFILE": "dspark-b8", "SPECGATE_TARGET_MODEL": "Qwen/Qwen3-8B",
                  "SPECGATE_DRAFTER_PATH": str(dflash)})
     assert proc.returncode == 2 and "it is a dflash drafter" in proc.stderr, proc.stderr
+
+
+def test_capture_role_launches_the_capture_replica_from_drafters_capture():
+    from drafters.capture.replica import capture_replica_args
+
+    proc = _run({"SPECGATE_ROLE": "capture", "SPECGATE_TARGET_MODEL": "Qwen/Qwen3-8B", "SPECGATE_CAPTURE_LAYERS": "1,18,33,36",
+                 "SPECGATE_CAPTURE_MAX_BYTES": "1000000", "SPECGATE_CAPTURE_TTL_S": "600",
+                 "SPECGATE_CAPTURE_STORE": "/dev/shm/cap", "SPECGATE_PROFILE": "dspark-b8"})
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["argv"] == ["vllm", "serve", "Qwen/Qwen3-8B", *capture_replica_args([1, 18, 33, 36], "/dev/shm/cap", 1000000, 600.0),
+                           "--host", "0.0.0.0", "--port", "8000"]
+    assert out["env"] == {}
+
+
+@pytest.mark.parametrize(("env", "needle"), [
+    ({"SPECGATE_ROLE": "capture", "SPECGATE_TARGET_MODEL": "m"}, "SPECGATE_CAPTURE_LAYERS"),
+    ({"SPECGATE_ROLE": "capture", "SPECGATE_TARGET_MODEL": "m", "SPECGATE_CAPTURE_LAYERS": "1,x"}, "capture replica"),
+    ({"SPECGATE_ROLE": "capture", "SPECGATE_TARGET_MODEL": "m", "SPECGATE_CAPTURE_LAYERS": "1,1"}, "distinct"),
+    ({"SPECGATE_ROLE": "trainer", "SPECGATE_TARGET_MODEL": "m"}, "SPECGATE_ROLE"),
+])
+def test_capture_role_refuses_bad_settings_with_a_message(env, needle):
+    proc = _run(env)
+    assert proc.returncode == 2
+    assert needle in proc.stderr and "Traceback" not in proc.stderr
