@@ -25,6 +25,7 @@ from contract.store import MemoryStore, Store, create_store
 
 from .accounting import Accounting, estimate_tokens
 from .auth import TenantDirectory
+from .capture_mirror import CaptureMirror
 from .deps import RequestPathState
 from .health import HealthMonitor
 from .inflight import InflightRequests
@@ -53,6 +54,8 @@ class GatewayState:
         self.policy_view = PolicyView({t.id: t.speculation for t in settings.tenants if t.speculation is not None})
         self.session_header = settings.gateway.session_header.lower().encode()
         self.upstream = None
+        # The capture mirror (gateway.capture_mirror): None while no capture target is configured.
+        self.capture: CaptureMirror | None = None
         self.accounting: Accounting | None = None
         self.health: HealthMonitor | None = None
         self.watcher: PolicyWatcher | None = None
@@ -95,6 +98,9 @@ class GatewayState:
         if self.store is None:
             self.store = create_store(self.settings.redis_url, self.settings.redis_prefix)
         self.upstream = create_upstream(s.upstream_client, s.upstream_pool_size, s.connect_timeout_s, s.read_timeout_s)
+        if s.capture.url:
+            self.capture = CaptureMirror(s.capture, self.metrics, upstream_client=s.upstream_client, connect_timeout_s=s.connect_timeout_s)
+            self.capture.start()
         # Leases save a Redis round trip; the embedded store has none to save.
         lease_fraction = 0.0 if isinstance(self.store, MemoryStore) else s.budget_lease_fraction
         self.accounting = Accounting(
@@ -119,7 +125,7 @@ class GatewayState:
             log.warning("aborted requests waiting on a wedged replica", extra={"fields": {"replica": replica.name, "requests": n}})
 
     async def stop(self) -> None:
-        for part in (self.health, self.watcher, self.accounting):
+        for part in (self.capture, self.health, self.watcher, self.accounting):
             if part is not None:
                 with contextlib.suppress(Exception):
                     await part.stop()

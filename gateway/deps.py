@@ -16,6 +16,7 @@ if TYPE_CHECKING:
 
     from .accounting import Accounting
     from .auth import TenantDirectory
+    from .capture_mirror import CaptureMirror
     from .inflight import InflightRequests
     from .metrics import GatewayMetrics
     from .policy_watch import PolicyView
@@ -35,6 +36,7 @@ class RequestPathState(Protocol):
     accounting: Accounting  # set when the app starts
     inflight_requests: InflightRequests  # the instance's in-flight cap and `abort`
     draining_closed: bool  # past the drain's pre-window: new completion requests get 503
+    capture: CaptureMirror | None  # the capture mirror; None: capture off (no target configured)
 
     @property
     def replica_list(self) -> list[ReplicaState]: ...

@@ -132,6 +132,22 @@ class GatewayMetrics:
             buckets=_SPLICE_BUCKETS,
             registry=r,
         )
+        # -- capture mirror (gateway.capture_mirror) --
+        self.capture_requests = Counter(
+            "specgate_capture_requests",
+            "Sampled requests of tenants that opted in to capture, by outcome: sent (the capture replica took it), "
+            "failed (it answered an error, or not within capture.timeout_s), dropped_queue (the capture queue was "
+            "full), dropped_budget (the tenant's max_per_hour was reached), too_long (over max_tokens_per_sample)",
+            ["tenant", "outcome"],
+            registry=r,
+        )
+        self.capture_tokens = Counter(
+            "specgate_capture_tokens", "Tokens (prompt + completion) of the captures the capture replica took", ["tenant"],
+            registry=r,
+        )
+        self.capture_queue_depth = Gauge(
+            "specgate_capture_queue_depth", "Captures waiting to be sent to the capture replica", registry=r
+        )
         self._children: dict[tuple, object] = {}
         # -- per-tenant speculation state (set at scrape time: metrics_exposure.render) --
         self.tenant_enabled = Gauge(

@@ -18,6 +18,7 @@ import orjson
 
 from contract.knobs import merged_xargs
 
+from .capture import strip_token_ids, whole_body_ids
 from .continuation import ContinuationRequest, StreamLedger, unsupported
 from .deps import RequestPathState
 from .errors import GatewayError
@@ -37,11 +38,13 @@ class UpstreamBodies:
     forced on for streams (so tokens can be accounted; `strip_usage` says the
     usage chunk must not reach a client that did not ask for it),
     `return_token_ids` forced on for streams that can be continued
-    (`continuation`; stripped again for a client that did not ask), and the
+    (`continuation`) and for capture candidates (`ctx.capture`, streaming or
+    not; stripped again for a client that did not ask: `client_ids`), and the
     tenant's speculation knobs merged in where the replica honours them. One
     serialisation per distinct knob set."""
 
-    __slots__ = ("_cache", "body", "client_xargs", "continuation", "not_continuable", "plain", "policy", "strip_usage")
+    __slots__ = ("_cache", "body", "client_ids", "client_xargs", "continuation", "not_continuable", "plain", "policy",
+                 "strip_usage")
 
     def __init__(self, ctx: RequestContext, continuations: int = 0) -> None:
         body = self.body = ctx.body
@@ -50,6 +53,7 @@ class UpstreamBodies:
         self.strip_usage = False
         self.continuation: ContinuationRequest | None = None
         self.not_continuable: str | None = None
+        client_ids = self.client_ids = body.get("return_token_ids") is True
         if ctx.stream:
             so = body.get("stream_options")
             if not (isinstance(so, dict) and so.get("include_usage") is True):
@@ -58,12 +62,13 @@ class UpstreamBodies:
             if continuations > 0:
                 self.not_continuable = unsupported(body, ctx.endpoint)
                 if self.not_continuable is None:
-                    client_ids = body.get("return_token_ids") is True
                     self.continuation = ContinuationRequest(
                         body=dict(body), chat=ctx.endpoint == "chat", client_ids=client_ids, strip_usage=self.strip_usage,
                         continuous=bool(so.get("continuous_usage_stats")), client_xargs=ctx.client_xargs, policy=ctx.policy,
                     )
                     body["return_token_ids"] = True
+        if ctx.capture is not None:
+            body["return_token_ids"] = True
         self.plain = orjson.dumps(body)
         self._cache: dict[frozenset[str], bytes] = {}
 
@@ -164,7 +169,7 @@ async def _attempts(state: RequestPathState, ctx: RequestContext, ranked: list, 
             if chunks is not None:
                 await _relay_stream(state, ctx, resp, chunks, data, send, bodies, ranked)
             else:
-                await _send_whole(state, ctx, resp, data, send)
+                await _send_whole(state, ctx, resp, data, send, strip_ids=not bodies.client_ids)
             return
     if last_5xx is not None:
         status, data = last_5xx
@@ -230,8 +235,12 @@ def _extra_headers(ctx: RequestContext) -> list[tuple[bytes, bytes]]:
     return extra
 
 
-async def _send_whole(state: RequestPathState, ctx: RequestContext, resp, data: bytes, send) -> None:
+async def _send_whole(state: RequestPathState, ctx: RequestContext, resp, data: bytes, send, strip_ids: bool = False) -> None:
     replica = ctx.replica
+    raw = data
+    capture = ctx.capture
+    if capture is not None and strip_ids and resp.status == 200:
+        data = strip_token_ids(raw)  # the ids were the gateway's: the client gets the body it would have had
     t_up = ctx.t_upstream
     t_done = _perf()
     overhead = (t_up - ctx.t0) + (_perf() - t_done)
@@ -252,10 +261,12 @@ async def _send_whole(state: RequestPathState, ctx: RequestContext, resp, data: 
     metrics.child(metrics.ttft, replica.name).observe(t_done - t_up)
     if resp.status == 200 and not ctx.stream:
         try:
-            obj = orjson.loads(data)
+            obj = orjson.loads(raw)
             if isinstance(obj, dict):
                 ctx.usage = obj.get("usage") if isinstance(obj.get("usage"), dict) else None
                 ctx.spec_metrics = obj.get("metrics") if isinstance(obj.get("metrics"), dict) else None
+                if capture is not None:
+                    capture.whole = whole_body_ids(obj, ctx.endpoint == "chat")
         except orjson.JSONDecodeError:
             pass
 
@@ -280,11 +291,17 @@ async def _relay_stream(state: RequestPathState, ctx: RequestContext, resp, chun
     replica = ctx.replica
     metrics = state.metrics
     req = bodies.continuation
+    capture = ctx.capture
     ledger = None
-    if req is not None:
+    if req is not None or capture is not None:
+        # The ledger reads the ids (a continuation's prompt, a capture's
+        # sample) and strips them for a client that did not ask; engine
+        # error events are held back only where a continuation replaces them.
         ledger = StreamLedger()
         ledger.start_part(replica.name)
-        tap = LedgerTap(bodies.strip_usage, not req.client_ids, req.chat, ledger)
+        tap = LedgerTap(bodies.strip_usage, not bodies.client_ids, ctx.endpoint == "chat", ledger, hold_errors=req is not None)
+        if capture is not None:
+            capture.ledger, capture.tap = ledger, tap
     else:
         tap = StreamTap(bodies.strip_usage)
     t_up = ctx.t_upstream
@@ -317,9 +334,9 @@ async def _relay_stream(state: RequestPathState, ctx: RequestContext, resp, chun
                     pending_overhead = False
                     overhead = overhead_pre + (_perf() - t_first)
                     metrics.child(metrics.overhead, ctx.endpoint, "true").observe(overhead)
-            if ledger is not None and tap.error is not None:
+            if req is not None and tap.error is not None:
                 raise UpstreamBroken(f"engine error event: {str(tap.error)[:200]}")
-        if ledger is not None and not tap.saw_done:
+        if req is not None and not tap.saw_done:
             raise UpstreamBroken("the stream ended without [DONE]")
         rest = tap.tail()
         if rest.strip():
@@ -340,16 +357,18 @@ async def _relay_stream(state: RequestPathState, ctx: RequestContext, resp, chun
             raise
         asyncio.current_task().uncancel()
         ended = reason if reason in _STREAM_ENDS else "broken"
-        if ended == "replica_wedged" and ledger is not None:
+        if ended == "replica_wedged" and req is not None:
             ctx.abort_reason = None  # the wedge is handled here: the continuation may be aborted afresh
         else:
             metrics.child(metrics.aborted, ended, "error_event").inc()
     except BaseException:
         resp.abort()
         raise
+    if capture is not None:
+        capture.broken = ended is not None
     if ended is not None and not tap.saw_done:
         if ended != "shutdown" and state.settings.gateway.max_continuations > 0:
-            if ledger is not None:
+            if req is not None:
                 if await continue_stream(state, ctx, req, ledger, replica, ranked, send, _perf()):
                     return
             else:

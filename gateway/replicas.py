@@ -24,6 +24,9 @@ class ReplicaState:
     url: str
     profile: str | None
     configured_model: str | None = None
+    # The tenant drafter this replica serves (ReplicaConfig.drafter): reserved
+    # to the tenants whose policy names it (gateway.routing); None = shared.
+    drafter: str | None = None
     models: frozenset[str] = frozenset()
     model_cards: list[dict[str, Any]] = field(default_factory=list)
     healthy: bool = False
@@ -89,6 +92,7 @@ class ReplicaState:
             "name": self.name,
             "url": self.url,
             "profile": self.profile,
+            "drafter": self.drafter,
             "models": sorted(self.models | ({self.configured_model} if self.configured_model else set())),
             "healthy": self.healthy,
             "breaker": self.breaker.state(now),
@@ -152,5 +156,6 @@ def replica_from_config(cfg: ReplicaConfig, settings: GatewaySettings) -> Replic
         url=cfg.url,
         profile=cfg.profile,
         configured_model=cfg.model,
+        drafter=cfg.drafter,
         breaker=CircuitBreaker(failures=settings.breaker_failures, open_s=settings.breaker_open_s),
     )

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from contract.policy import SpeculationPolicy
     from contract.settings import TenantConfig
 
+    from .capture import CapturePlan
     from .replicas import ReplicaState
 
 
@@ -52,6 +53,7 @@ class RequestContext:
 
     # -- route ---------------------------------------------------------
     policy: SpeculationPolicy | None = None
+    capture: CapturePlan | None = None  # a capture candidate (gateway.capture): ids are asked of the replica
 
     # -- relay ---------------------------------------------------------
     attempt: ReplicaState | None = None  # the replica the current upstream attempt is on

@@ -17,6 +17,7 @@ import time
 from contract.telemetry import RequestSpecStats
 
 from .asgi_io import ClientGone, send_error
+from .capture import stream_sample, whole_sample
 from .deps import RequestPathState
 from .errors import GatewayError
 from .relay import abort_error, end_stream_with_error
@@ -49,6 +50,17 @@ def account(state: RequestPathState, ctx: RequestContext) -> None:
     metrics.child(metrics.tokens, label, "completion").inc(stats.completion_tokens)
     for replica_name, part in ctx.parts or ((ctx.replica_name, stats),):
         _record(state, ctx, replica_name, part)
+    if ctx.capture is not None:
+        _capture(state, ctx, usage)
+
+
+def _capture(state: RequestPathState, ctx: RequestContext, usage: dict) -> None:
+    """A capture candidate's response is complete (the client has all of it):
+    its sample goes to the capture mirror's queue, or is counted as dropped,
+    or -- not a whole, finished request -- is not a sample at all."""
+    plan = ctx.capture
+    sample = stream_sample(plan, usage, ctx.parts is not None) if ctx.stream else whole_sample(plan, usage)
+    state.capture.finished(plan, sample)
 
 
 def _record(state: RequestPathState, ctx: RequestContext, replica_name: str, stats: RequestSpecStats) -> None:

@@ -89,12 +89,18 @@ def _is_usage(obj: dict) -> bool:
 
 class LedgerTap:
     """`StreamTap`'s job (forward events, read and maybe strip the usage
-    chunk) for a stream that can be continued, plus the ledger."""
+    chunk) for a stream whose token ids the gateway reads (a stream that can
+    be continued, a capture candidate), plus the ledger. `hold_errors`: an
+    engine error event is noted and not forwarded (the relay continues the
+    stream instead); without it the event and what follows are forwarded, as
+    `StreamTap` does."""
 
-    __slots__ = ("strip_usage", "strip_ids", "chat", "ledger", "_buf", "usage", "metrics", "events", "saw_done", "error")
+    __slots__ = ("strip_usage", "strip_ids", "chat", "ledger", "hold_errors", "_buf", "usage", "metrics", "events",
+                 "saw_done", "error")
 
-    def __init__(self, strip_usage: bool, strip_ids: bool, chat: bool, ledger: StreamLedger) -> None:
+    def __init__(self, strip_usage: bool, strip_ids: bool, chat: bool, ledger: StreamLedger, hold_errors: bool = True) -> None:
         self.strip_usage, self.strip_ids, self.chat, self.ledger = strip_usage, strip_ids, chat, ledger
+        self.hold_errors = hold_errors
         self._buf = b""
         self.usage: dict[str, Any] | None = None
         self.metrics: dict[str, Any] | None = None
@@ -106,14 +112,15 @@ class LedgerTap:
         out = []
         for event in _events(self, data):
             self.events += 1
-            if self.error is not None:
+            if self.error is not None and self.hold_errors:
                 continue
             obj = _payload(event)
             if obj == b"[DONE]":
                 self.saw_done = True
             elif _is_error(obj):
                 self.error = obj
-                continue
+                if self.hold_errors:
+                    continue
             elif isinstance(obj, dict):
                 if _is_usage(obj):
                     self.usage = obj["usage"]

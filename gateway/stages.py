@@ -185,10 +185,14 @@ def route(state: RequestPathState, ctx: RequestContext) -> list:
     now = time.monotonic()
     allowed = [r.breaker.allows(now) for r in replicas]
     key = affinity_key(g.routing, ctx.body, ctx.session, g.prefix_chars) if g.routing != "least_load" else None
-    ranked = rank_replicas(replicas, RouteRequest(ctx.model, ctx.tenant.id, key), ctx.policy, allowed=allowed)
+    request = RouteRequest(ctx.model, ctx.tenant.id, key, ctx.session or ctx.request_id)
+    ranked = rank_replicas(replicas, request, ctx.policy, allowed=allowed)
     if traced:
         ctx.t_route_end_ns = _now_ns()
         ctx.candidates = [r.name for r in ranked]
     if not ranked:
         raise GatewayError(503, f"No healthy replica is available for model `{ctx.model}`.", code="no_healthy_replica")
+    capture = state.capture
+    if capture is not None:
+        ctx.capture = capture.plan(ctx.tenant.id, ctx.tenant_label, ctx.policy, ctx.body, ctx.endpoint, ctx.model)
     return ranked

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from gateway.routing import RouteRequest, affinity_key, rank_replicas, speculation_tier
-from contract.policy import SpeculationPolicy
+from gateway.routing import RouteRequest, affinity_key, canary_arm, drafter_order, rank_replicas, speculation_tier
+from contract.policy import CanarySpec, SpeculationPolicy
 
 
 @dataclass
@@ -16,6 +16,7 @@ class R:
     load: float = 0.0
     supports_knobs: bool = False
     models: set = field(default_factory=lambda: {"m"})
+    drafter: str | None = None
 
     def serves(self, model: str) -> bool:
         return model in self.models
@@ -92,3 +93,67 @@ def test_affinity_key_modes():
     assert affinity_key("session_affinity", body, "s1", 64) == "s1"
     assert affinity_key("prefix_affinity", body, None, 64).startswith("You are X")
     assert affinity_key("prefix_affinity", {"prompt": "p" * 500}, None, 64) == "p" * 64
+
+
+# -- tenant drafters: reserved replicas, preference with fallback, canary arms --
+
+def fleet():
+    return [R("shared", load=0), R("own", drafter="alpha-v1", load=5), R("cand", drafter="alpha-v2", load=9),
+            R("other", drafter="beta-v1", load=0)]
+
+
+def test_reserved_replicas_never_serve_tenants_whose_policy_does_not_name_their_drafter():
+    for policy in (DEFAULT, SpeculationPolicy(preferred_profile="dspark-b8"), SpeculationPolicy(drafter="gamma-v1")):
+        for i in range(50):
+            assert names(rank_replicas(fleet(), RouteRequest("m", "t", arm_key=f"r{i}"), policy)) == ["shared"]
+
+
+def test_a_tenant_drafter_is_preferred_over_less_loaded_shared_replicas_and_falls_back_to_them():
+    policy = SpeculationPolicy(drafter="alpha-v1")
+    assert names(rank_replicas(fleet(), REQ, policy)) == ["own", "shared"]
+    rs = fleet()
+    rs[1].healthy = False
+    assert names(rank_replicas(rs, REQ, policy)) == ["shared"]
+
+
+def test_canary_arm_is_deterministic_and_near_the_share():
+    policy = SpeculationPolicy(canary=CanarySpec(drafter="alpha-v2", share=0.2))
+    keys = [f"req-{i}" for i in range(20_000)]
+    arms = [canary_arm(policy, k) for k in keys]
+    assert arms == [canary_arm(policy, k) for k in keys]  # same key, same arm
+    assert abs(sum(arms) / len(keys) - 0.2) < 0.015
+    other = SpeculationPolicy(canary=CanarySpec(drafter="alpha-v3", share=0.2))
+    assert [canary_arm(other, k) for k in keys] != arms  # a new candidate draws a fresh subset
+    assert not any(canary_arm(DEFAULT, k) for k in keys)
+
+
+def test_canary_arm_goes_to_the_candidate_the_rest_to_the_incumbent_each_falling_back_to_the_other():
+    policy = SpeculationPolicy(drafter="alpha-v1", canary=CanarySpec(drafter="alpha-v2", share=0.5))
+    assert drafter_order(policy, True) == ("alpha-v2", "alpha-v1", None)
+    assert drafter_order(policy, False) == ("alpha-v1", None, "alpha-v2")
+    firsts = {}
+    for i in range(400):
+        req = RouteRequest("m", "alpha", arm_key=f"r{i}")
+        ranked = names(rank_replicas(fleet(), req, policy))
+        assert "other" not in ranked
+        firsts[i] = ranked[0]
+        assert ranked == (["cand", "own", "shared"] if canary_arm(policy, req.arm_key) else ["own", "shared", "cand"])
+    assert 150 < sum(f == "cand" for f in firsts.values()) < 250
+    rs = fleet()
+    rs[2].healthy = False  # the candidate is down: its arm is served by the incumbent
+    assert {rank_replicas(rs, RouteRequest("m", "alpha", arm_key=f"r{i}"), policy)[0].name for i in range(100)} == {"own"}
+
+
+def test_canary_without_a_tenant_drafter_splits_between_candidate_and_shared():
+    policy = SpeculationPolicy(canary=CanarySpec(drafter="alpha-v2", share=0.3))
+    seen = {rank_replicas(fleet(), RouteRequest("m", "alpha", arm_key=f"r{i}"), policy)[0].name for i in range(200)}
+    assert seen == {"cand", "shared"}
+
+
+def test_drafter_preference_ranks_before_profile_fit_and_affinity_stays_within_the_best_tiers():
+    rs = [R("s-b8", profile="dspark-b8"), R("own-b16", profile="dspark-b16", drafter="alpha-v1", load=3),
+          R("own-b8", profile="dspark-b8", drafter="alpha-v1", load=4)]
+    policy = SpeculationPolicy(drafter="alpha-v1", preferred_profile="dspark-b8")
+    assert names(rank_replicas(rs, REQ, policy)) == ["own-b8", "own-b16", "s-b8"]
+    for i in range(30):
+        assert rank_replicas(rs, RouteRequest("m", "alpha", f"session-{i}"), policy)[0].name == "own-b8"
