@@ -41,7 +41,10 @@ def account(state: RequestPathState, ctx: RequestContext) -> None:
             state.accounting.settle(ctx.tenant, ctx.reserved, 0)
         return
     tenant = ctx.tenant
-    stats = RequestSpecStats.from_response(usage, ctx.spec_metrics)
+    # The replica's time for the request (from the attempt that answered to its last byte): the
+    # rollout's goodput per request. A continued stream had several replicas, so it is not timed.
+    duration_s = _perf() - (ctx.t_upstream or ctx.t0) if not ctx.parts else None
+    stats = RequestSpecStats.from_response(usage, ctx.spec_metrics, duration_s=duration_s)
     if ctx.reserved_live:
         state.accounting.settle(tenant, ctx.reserved, stats.prompt_tokens + stats.completion_tokens)
     metrics = state.metrics
