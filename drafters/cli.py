@@ -1,4 +1,5 @@
-"""`specgate profile ...`, `specgate checkpoint validate ...` and `specgate sim-replica ...`.
+"""`specgate profile ...`, `specgate checkpoint validate ...`, `specgate drafter train|eval ...` and
+`specgate sim-replica ...`.
 
 Why here: each package owns its commands (`register(app)`), so importing the
 CLI stays cheap and this package's dependencies stay local.
@@ -86,6 +87,80 @@ def register(app: typer.Typer) -> None:
         typer.echo(f"ok: {report.summary()}")
 
     app.add_typer(ckpt_app, name="checkpoint")
+
+    drafter_app = typer.Typer(help="Per-tenant DSpark drafters trained from captured hidden states (torch runs in a "
+                                   "separate interpreter: --python, $SPECGATE_VLLM_VENV or <repo>/.venv-vllm).",
+                              no_args_is_help=True)
+
+    def _run_training(args: list[str], python: Optional[str]) -> None:
+        from .training.runner import NoTorchError, find_python, run
+
+        try:
+            exe = find_python(python)
+        except NoTorchError as exc:
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(2) from None
+        rc = run(args, exe)
+        if rc:
+            raise typer.Exit(rc)
+
+    def _opt(flag: str, value) -> list[str]:
+        return [] if value is None else [flag, str(value)]
+
+    from drafters.capture.store import DEFAULT_ROOT
+
+    @drafter_app.command("train")
+    def drafter_train(
+        tenant: str = typer.Option(..., "--tenant", help="tenant whose captured samples train the drafter"),
+        target: str = typer.Option(..., "--target", help="target model directory (the verifier the drafter serves)"),
+        out: str = typer.Option(..., "--out", help="checkpoint directory to write (replaced atomically)"),
+        store: str = typer.Option(DEFAULT_ROOT, "--store", help="capture store root"),
+        init_from: Optional[str] = typer.Option(None, "--init-from",
+                                                help="current drafter checkpoint: warm start, its shape and the baseline"),
+        profile: Optional[str] = typer.Option(None, "--profile", help="served profile, dspark-bN[-av] (block size N)"),
+        max_minutes: float = typer.Option(30.0, "--max-minutes", help="wall time of this run; a rerun resumes"),
+        max_steps: int = typer.Option(300, "--max-steps", help="optimizer steps in all, across resumed runs"),
+        max_samples: Optional[int] = typer.Option(None, "--max-samples", help="newest training samples to load"),
+        max_tokens: int = typer.Option(2048, "--max-tokens", help="tokens per packed batch (memory)"),
+        held_out: float = typer.Option(0.2, "--held-out", help="fraction of samples kept aside (by key hash)"),
+        lr: float = typer.Option(3e-3, "--lr"),
+        loss: str = typer.Option("kl_div", "--loss", help="kl_div, ce, tv or JSON weights (speculators' names)"),
+        block_size: Optional[int] = typer.Option(None, "--block-size"),
+        markov_rank: Optional[int] = typer.Option(None, "--markov-rank"),
+        target_layer_ids: Optional[str] = typer.Option(None, "--target-layer-ids", help="aux ids, e.g. 2,18,33"),
+        state_dir: Optional[str] = typer.Option(None, "--state-dir", help="resume state (default OUT.state)"),
+        seed: int = typer.Option(0, "--seed"),
+        save_every: int = typer.Option(50, "--save-every", help="steps between resumable state snapshots"),
+        python: Optional[str] = typer.Option(None, "--python", help="interpreter with torch + speculators"),
+    ) -> None:
+        """Train TENANT's DSpark drafter from its captured samples; writes a speculators checkpoint,
+        training.json and eval.json (offline acceptance of the new and the current drafter)."""
+        args = ["train", "--tenant", tenant, "--store", store, "--target", target, "--out", out,
+                "--max-minutes", str(max_minutes), "--max-steps", str(max_steps), "--max-tokens", str(max_tokens),
+                "--held-out", str(held_out), "--lr", str(lr), "--loss", loss, "--seed", str(seed),
+                "--save-every", str(save_every)]
+        args += _opt("--init-from", init_from) + _opt("--profile", profile) + _opt("--max-samples", max_samples)
+        args += _opt("--block-size", block_size) + _opt("--markov-rank", markov_rank)
+        args += _opt("--target-layer-ids", target_layer_ids) + _opt("--state-dir", state_dir)
+        _run_training(args, python)
+
+    @drafter_app.command("eval")
+    def drafter_eval(
+        drafters: list[str] = typer.Argument(..., help="drafter checkpoint directories"),
+        tenant: str = typer.Option(..., "--tenant"),
+        target: str = typer.Option(..., "--target", help="target model directory"),
+        store: str = typer.Option(DEFAULT_ROOT, "--store", help="capture store root"),
+        split: str = typer.Option("held-out", "--split", help="held-out, train or all"),
+        held_out: float = typer.Option(0.2, "--held-out"),
+        out: Optional[str] = typer.Option(None, "--out", help="also write the JSON result here"),
+        python: Optional[str] = typer.Option(None, "--python", help="interpreter with torch + speculators"),
+    ) -> None:
+        """Offline teacher-forced acceptance of DRAFTERS on TENANT's held-out samples."""
+        args = ["eval", "--tenant", tenant, "--store", store, "--target", target, "--split", split,
+                "--held-out", str(held_out)] + _opt("--out", out) + list(drafters)
+        _run_training(args, python)
+
+    app.add_typer(drafter_app, name="drafter")
 
     @app.command("sim-replica")
     def sim_replica(
