@@ -47,6 +47,7 @@ import openai
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from drafters.training.layers import capture_layer_ids_for  # noqa: E402
 from bench.real_sweep_stack import Gateway, RedisHandle, admin_key, api_key  # noqa: E402
 from tests.vllm_support import env as vllm_env  # noqa: E402
 from tests.vllm_support.launcher import VllmServer, VllmServerSpec, generate_model, ngram_speculation  # noqa: E402
@@ -107,11 +108,13 @@ def capture_server(model: Path, layer_ids: list[int], store: Path, max_bytes: in
 
 
 def gateway_config(replicas: list[dict], capture_url: str, redis_url: str, prefix: str, args) -> dict:
+    """`code` opts in at fraction 1 with an hourly budget of exactly the capture phase's requests:
+    the gateway's own budget then keeps every later request (held-out, canary) out of the store."""
     tenants = []
     for tenant in TENANTS:
         entry: dict = {"id": tenant, "api_key_sha256": hashlib.sha256(api_key(tenant).encode()).hexdigest()}
         if tenant == CAPTURED_TENANT:
-            entry["speculation"] = {"capture": {"fraction": 1.0, "max_per_hour": 100000}}
+            entry["speculation"] = {"capture": {"fraction": 1.0, "max_per_hour": args.capture_requests}}
         tenants.append(entry)
     return {
         "replicas": replicas,
@@ -195,11 +198,13 @@ def wait_captures(gateway: Gateway, expected: int, timeout_s: float) -> dict[str
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--capture-requests", type=int, default=48, help="requests per tenant while capturing")
+    p.add_argument("--capture-requests", type=int, default=120, help="requests of the captured tenant while capturing")
+    p.add_argument("--other-requests", type=int, default=24, help="requests of the other tenant meanwhile (never captured)")
     p.add_argument("--heldout", type=int, default=12, help="held-out prompts per tenant (never captured, never trained on)")
     p.add_argument("--canary-requests", type=int, default=60, help="most requests per tenant while the canary runs")
     p.add_argument("--max-tokens", type=int, default=32)
-    p.add_argument("--train-minutes", type=float, default=4.0)
+    p.add_argument("--train-minutes", type=float, default=8.0, help="training wall-time bound")
+    p.add_argument("--train-steps", type=int, default=400, help="training steps (ce loss: what greedy acceptance rewards)")
     p.add_argument("--share", type=float, default=0.5, help="canary share of the tenant's traffic")
     p.add_argument("--min-requests", type=int, default=10, help="controller.rollout.min_requests per arm")
     p.add_argument("--canary-budget-s", type=float, default=1800.0, help="controller.rollout.max_duration_s")
@@ -230,7 +235,8 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901 -- one linear scri
         fleet_drafter = work / "fleet-drafter"
         vllm_python(str(REPO / "tests/drafters/vllm_ext/tiny_dspark.py"), str(model), str(fleet_drafter))
         block = json.loads((fleet_drafter / "config.json").read_text())["speculators_config"]["proposal_methods"][0]["speculative_tokens"]
-        layers = json.loads(vllm_python("-m", "drafters.training", "layers", "--drafter", str(fleet_drafter), "--target", str(model)))
+        layers = capture_layer_ids_for(json.loads((fleet_drafter / "config.json").read_text()),
+                                       json.loads((model / "config.json").read_text()))
         say(f"target {model.name}, fleet drafter block {block}, capture layers {layers}")
         held = {t: prompts(t, args.heldout, seed=2) for t in TENANTS}
 
@@ -262,9 +268,11 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901 -- one linear scri
         started = time.monotonic()
         before = {}
         for t in TENANTS:
-            run_prompts(gateway.url + "/v1", t, prompts(t, args.capture_requests, seed=1), args.max_tokens)
+            n = args.capture_requests if t == CAPTURED_TENANT else args.other_requests
+            run_prompts(gateway.url + "/v1", t, prompts(t, n, seed=1), args.max_tokens)
+        counts = wait_captures(gateway, args.capture_requests, timeout_s=900)
+        for t in TENANTS:  # held-out prompts are measured after the capture counts: never trained on
             before[t] = run_prompts(gateway.url + "/v1", t, held[t], args.max_tokens)
-        counts = wait_captures(gateway, args.capture_requests + args.heldout, timeout_s=900)
         stats = store_stats(store_root, max_bytes, args.store_ttl_s)
         report["phases"]["capture"] = {"seconds": round(time.monotonic() - started, 1), "capture_counters": counts, "store": stats}
         report["before"] = {t: mean_al(before[t]) for t in TENANTS}
@@ -275,7 +283,8 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901 -- one linear scri
         started = time.monotonic()
         cmd = [str(REPO / ".venv/bin/specgate"), "drafter", "train", "--tenant", CAPTURED_TENANT, "--store", str(store_root),
                "--target", str(model), "--init-from", str(fleet_drafter), "--out", str(out_dir),
-               "--max-minutes", str(args.train_minutes)]  # fmt: skip
+               "--max-minutes", str(args.train_minutes), "--max-steps", str(args.train_steps), "--loss", "ce",
+               "--lr", "1e-2", "--max-tokens", "1024"]  # fmt: skip
         say("$ " + " ".join(cmd))
         subprocess.run(cmd, check=True, cwd=str(REPO), env={**os.environ, "SPECGATE_VLLM_VENV": str(vllm_env.venv_dir())})
         report["phases"]["train"] = {"seconds": round(time.monotonic() - started, 1)}

@@ -160,6 +160,27 @@ def register(app: typer.Typer) -> None:
                 "--held-out", str(held_out)] + _opt("--out", out) + list(drafters)
         _run_training(args, python)
 
+    @drafter_app.command("layers")
+    def drafter_layers(
+        target: str = typer.Option(..., "--target", help="target model directory (its config.json)"),
+        drafter: Optional[str] = typer.Option(None, "--drafter", help="the drafter checkpoint the samples will train "
+                                                                       "(default: the target's default feature layers)"),
+    ) -> None:
+        """The hidden-state layer ids a capture replica must record for DRAFTER on TARGET (the drafter's
+        feature layers + the target's last layer), comma-separated: SPECGATE_CAPTURE_LAYERS."""
+        import json
+        from pathlib import Path
+
+        from .training.layers import capture_layer_ids_for
+
+        try:
+            target_cfg = json.loads((Path(target) / "config.json").read_text())
+            drafter_cfg = json.loads((Path(drafter) / "config.json").read_text()) if drafter else {}
+            typer.echo(",".join(str(i) for i in capture_layer_ids_for(drafter_cfg, target_cfg)))
+        except (OSError, ValueError) as exc:
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(2) from None
+
     app.add_typer(drafter_app, name="drafter")
 
     @app.command("sim-replica")

@@ -95,3 +95,15 @@ def default_target_layer_ids(num_hidden_layers: int) -> list[int]:
     if len(set(ids)) == 3 and all(1 <= i <= n for i in ids):
         return sorted(ids)
     return sorted({i for i in (1, n // 2, n) if 1 <= i <= n})
+
+
+def capture_layer_ids_for(drafter_config: dict, target_config: dict) -> list[int]:
+    """`capture_layer_ids` from the two `config.json` documents: the speculators
+    drafter's `aux_hidden_state_layer_ids` (falling back to the target's
+    default feature layers when a config lacks them) and the target's
+    `num_hidden_layers` (a multimodal config nests it under `text_config`)."""
+    n = target_config.get("num_hidden_layers") or (target_config.get("text_config") or {}).get("num_hidden_layers")
+    if not isinstance(n, int):
+        raise ValueError("the target's config.json has no num_hidden_layers")
+    aux = drafter_config.get("aux_hidden_state_layer_ids") or default_target_layer_ids(n)
+    return capture_layer_ids(aux, n)

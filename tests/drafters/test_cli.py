@@ -75,3 +75,23 @@ def test_sim_replica_rejects_bad_options():
     r = runner.invoke(app, ["sim-replica", "--profile", "ngram-k4"])
     assert r.exit_code == 2 and "cannot be simulated" in r.output and "dspark-b8-av" in r.output
     assert runner.invoke(app, ["sim-replica", "--gpu", "a100"]).exit_code == 2
+
+
+def test_drafter_layers_prints_the_capture_ids_of_a_drafter_on_a_target(tmp_path):
+    target, drafter = tmp_path / "target", tmp_path / "drafter"
+    target.mkdir()
+    drafter.mkdir()
+    (target / "config.json").write_text(json.dumps({"num_hidden_layers": 36}))
+    (drafter / "config.json").write_text(json.dumps({"aux_hidden_state_layer_ids": [2, 18, 33]}))
+    result = runner.invoke(app, ["drafter", "layers", "--target", str(target), "--drafter", str(drafter)])
+    assert result.exit_code == 0, result.output
+    assert result.output.strip() == "2,18,33,36"  # the drafter's features + the target's last layer (pre-norm)
+    # No drafter: the target's default feature layers (speculators' [2, L/2, L-3]) + L.
+    result = runner.invoke(app, ["drafter", "layers", "--target", str(target)])
+    assert result.output.strip() == "2,18,33,36"
+    # A multimodal target nests its text layers.
+    (target / "config.json").write_text(json.dumps({"text_config": {"num_hidden_layers": 4}}))
+    result = runner.invoke(app, ["drafter", "layers", "--target", str(target), "--drafter", str(drafter)])
+    assert result.exit_code == 2 and "outside" in result.output  # aux 18, 33 do not exist on a 4-layer target
+    result = runner.invoke(app, ["drafter", "layers", "--target", str(tmp_path / "missing")])
+    assert result.exit_code == 2 and "error:" in result.output
