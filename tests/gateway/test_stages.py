@@ -105,6 +105,7 @@ def make_state(upstream=None, accounting=None, replicas=("a", "b"), **gateway):
         replica_list=list(registry),
         estimate_tokens=lambda body: 7,
         session_header=b"x-session-id",
+        capture=None,
     )
 
 
