@@ -39,5 +39,6 @@ FLEET_PLAN_KEY = "controller:fleet_plan"  # JSON fleet plan
 LEADER_KEY = "controller:leader"  # TTL lock; value = owner id
 STATUS_KEY = "controller:status"  # JSON heartbeat of the active controller
 ROLLOUTS_KEY = "controller:rollouts"  # JSON {tenant: TenantDrafters} (controller/rollout.py): drafter, canary, verdicts
+TRAINING_KEY = "controller:training"  # JSON {tenant: TenantTraining} (controller/training.py): drafter training jobs
 HISTORY_MAX = 500
 AUDIT_MAX = 1000

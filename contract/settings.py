@@ -380,6 +380,32 @@ class RolloutSettings(_Strict):
     max_duration_s: float = Field(default=3600.0, gt=0, description="a canary still undecided after this is rolled back")
 
 
+class TrainingSettings(_Strict):
+    """Controller-triggered drafter training (controller/training.py): when an
+    opted-in tenant has captured enough new samples, the leader runs
+    `specgate drafter train` for it where the capture store is mounted. Off by
+    default: it needs the store, the target's weights and an interpreter with
+    torch on the controller's host."""
+
+    enabled: bool = Field(default=False, description="train tenants' drafters when enough new samples were captured")
+    store_root: str = Field(default="/dev/shm/specgate-capture", description="the capture store (drafters.capture.store) the capture replica writes")
+    target: str = Field(default="", description="target model directory the trainer reads (required when enabled)")
+    out_root: str = Field(default="/var/lib/specgate/drafters", description="checkpoints go to OUT_ROOT/<tenant>-<job id>")
+    init_from: str | None = Field(default=None, description="the fleet drafter's checkpoint: warm start of a tenant's first drafter")
+    python: str | None = Field(default=None, description="interpreter with torch + speculators (default: SPECGATE_VLLM_VENV or .venv-vllm)")
+    min_new_samples: int = Field(default=200, ge=1, description="samples captured since the tenant's last job before another one")
+    min_interval_s: float = Field(default=6 * 3600.0, ge=0, description="seconds between two jobs of one tenant")
+    max_minutes: float = Field(default=30.0, gt=0, description="training wall time per job")
+    max_steps: int = Field(default=300, ge=1, description="optimizer steps per job")
+    train_args: list[str] = Field(default_factory=list, description="more `specgate drafter train` flags (e.g. --loss ce --lr 1e-2)")
+
+    @model_validator(mode="after")
+    def _target_when_enabled(self) -> "TrainingSettings":
+        if self.enabled and not self.target:
+            raise ValueError("controller.training.target: the target model directory is required when training is enabled")
+        return self
+
+
 class ControllerSettings(_Strict):
     """The control plane."""
 
@@ -407,6 +433,7 @@ class ControllerSettings(_Strict):
     decision: DecisionSettings = Field(default_factory=DecisionSettings)
     restart_gate: RestartGateSettings = Field(default_factory=RestartGateSettings)
     rollout: RolloutSettings = Field(default_factory=RolloutSettings)
+    training: TrainingSettings = Field(default_factory=TrainingSettings)
 
     @model_validator(mode="after")
     def _prior_pair(self) -> "ControllerSettings":

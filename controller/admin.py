@@ -23,6 +23,8 @@ starts a canary of a candidate drafter on a share of the tenant's requests,
 the drafter in force, the rollout and, while a canary runs, both arms' live
 statistics and the rule's current verdict. The controller's tick judges and
 publishes; starts, aborts and its verdicts are all in the audit log.
+`POST .../drafter/train` asks the controller to train the tenant's drafter
+on its next tick (`controller/training.py`); the job shows under `training`.
 
 The store keeps times as epoch seconds (cheap to compare and sort); every
 response turns each `at` into ISO-8601 UTC (`2026-12-01T08:30:12.345Z`),
@@ -77,7 +79,7 @@ from contract.settings import Settings
 from contract.store import Store
 from contract.telemetry import read_all
 
-from . import rollout
+from . import rollout, training
 from .audit import audit, is_paused, set_paused
 from .service import history_entry
 
@@ -423,6 +425,32 @@ async def abort_canary(
     return _times({"tenant": tenant, "rollout": _rollout_json(doc.rollout), "audit": entry})
 
 
+@router.post("/tenants/{tenant}/drafter/train")
+async def request_training(
+    tenant: str, request: Request, body: dict | None = Body(None), who: str = Depends(require_admin)
+) -> dict:
+    """Ask the controller to train the tenant's drafter from its captured
+    samples on its next tick (controller/training.py), regardless of how many
+    new samples there are; 409 when training is off or a job of the tenant runs,
+    400 when the tenant has not opted in to capture."""
+    store = _store(request)
+    _served_tenant(request, tenant)
+    settings = _host(request).settings
+    if not settings.controller.training.enabled:
+        raise HTTPException(status_code=409, detail="drafter training is off: controller.training.enabled is false")
+    tenant_cfg = next((t for t in settings.tenants if t.id == tenant), None)
+    if tenant_cfg is None or tenant_cfg.speculation is None or tenant_cfg.speculation.capture is None:
+        raise HTTPException(status_code=400, detail=f"tenant {tenant!r} has not opted in to capture (speculation.capture): no samples to train on")
+    note = str((body or {}).get("note") or "")[:500] if isinstance(body, dict) else ""
+    doc = (await training.load(store)).get(tenant, training.TenantTraining())
+    if doc.job is not None and doc.job.running:
+        raise HTTPException(status_code=409, detail=f"training job {doc.job.id} of {tenant!r} is running")
+    doc = training.request(doc, who, time.time())
+    await training.save_one(store, tenant, doc)
+    entry = await audit(store, who, "training_request", tenant, {"note": note})
+    return _times({"tenant": tenant, "requested_by": who, "audit": entry})
+
+
 @router.get("/tenants/{tenant}/drafter")
 async def tenant_drafter(tenant: str, request: Request, who: str = Depends(require_admin)) -> dict:
     """The tenant's drafter story: the drafter in force, rolled-back ids, the
@@ -452,4 +480,5 @@ async def tenant_drafter(tenant: str, request: Request, who: str = Depends(requi
         "verdict": verdict,
         "published": {"drafter": policy.drafter, "canary": policy.canary.model_dump(mode="json") if policy.canary else None},
         "past": [_rollout_json(p) for p in doc.past],
+        "training": (await training.load(store)).get(tenant, training.TenantTraining()).model_dump(mode="json"),
     })

@@ -4,7 +4,8 @@ Each tick (leader only): scrape replicas -> interval samples -> estimators;
 read the gateway's telemetry counters -> deltas -> tenant estimator; read
 admin overrides and the pause flag; judge running drafter canaries
 (`controller/rollout.py`: promote / roll back, written to the store and the
-audit log) and carry each tenant's drafter, canary and capture opt-in into
+audit log); start a due drafter training job (`controller/training.py`, when
+configured) and carry each tenant's drafter, canary and capture opt-in into
 its policy; `decide()`; publish changed policies;
 store the per-tenant last decision, the bounded change history, replica
 regimes and the fleet plan for the admin API; update /metrics.
@@ -40,6 +41,7 @@ from contract.telemetry import read_all
 from contract.vllm_metrics import VllmMetricsSnapshot, fetch_metrics
 
 from . import rollout
+from .training import TrainingJobs
 from .actuation import Actuator, default_actuator, publish_if_changed, regime_dict, store_fleet_plan
 from .audit import audit, is_paused
 from .core import ControlCore
@@ -91,6 +93,8 @@ class Controller:
             tpot_targets=self._tpot,
             unhealthy_after_failures=self.config.unhealthy_after_failures,
         )
+        # Controller-triggered drafter training (controller/training.py): off unless configured.
+        self.training = TrainingJobs(self.config.training, store, self.owner) if self.config.training.enabled else None
         self.is_leader = False
         self.last_decision: Decision | None = None
         self.ticks = 0
@@ -146,6 +150,8 @@ class Controller:
         # Configured tenants always (their capture opt-in), others (`anonymous`) once they have a drafter story.
         carried = rollout.carried([*self._configured, *(t for t in docs if t in self._served and t not in self._configured)],
                                   docs, self._configured)
+        if self.training is not None and not paused:
+            await self._train([t for t, c in carried.items() if c.capture is not None], docs)
         # The decision is pure CPU work (seconds for large fleets x many
         # tenants): in a worker thread, so an embedding gateway's event loop
         # keeps serving requests meanwhile. Nothing else touches the core
@@ -188,6 +194,14 @@ class Controller:
             await audit(self.store, by, action, tenant,
                         {"drafter": ended.rollout.drafter, "reason": verdict.reason, "numbers": verdict.numbers})
         return docs
+
+    async def _train(self, opted_in: list[str], docs: dict[str, rollout.TenantDrafters]) -> None:
+        """Start a tenant's drafter training when it is due; a failure here
+        (store directory unreadable, trainer missing) never stops the control loop."""
+        try:
+            await self.training.tick(opted_in, docs)
+        except Exception:  # noqa: BLE001 -- logged; training is optional, decisions are not
+            log.warning("drafter training check failed", exc_info=True)
 
     async def _scrape(self, client: httpx.AsyncClient) -> dict[str, tuple[float, VllmMetricsSnapshot | None]]:
         """This tick's new scrapes: our own, or the host's that we have not seen yet."""
@@ -282,6 +296,8 @@ class Controller:
             await self.close()
 
     async def close(self) -> None:
+        if self.training is not None:
+            await self.training.close()
         if self.is_leader:
             try:
                 await self.store.release_lock(LEADER_KEY, self.owner)

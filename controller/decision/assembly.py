@@ -107,7 +107,7 @@ def record(
         "margin": v.margin,
         "goodput_by_k": {cap_label(k): round(g, 1) for k, g in sorted(p.table.items())},
         "rho": {name: round(r, 3) for name, r in rho.items()},
-        "predicted_tpot_ms": round(tpot_ms, 3),
+        "predicted_tpot_ms": round(tpot_ms, 3) if math.isfinite(tpot_ms) else None,  # None: no healthy replica serves it
         "tpot_target_ms": view.tpot_target_ms,
         "pending": [cap_label(v.pending_k), v.pending_count] if v.pending_k is not None else None,
         "max_batch": policy.max_batch,

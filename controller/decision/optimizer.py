@@ -19,6 +19,7 @@ if that keeps it inside its target and costs the fleet at most `slo_budget`.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
@@ -88,9 +89,13 @@ class Optimizer:
         return sum(model.evaluate(replace(rep, mix=priced_mix(rep, t)), choice).goodput for rep in self.ctx.homes[t])
 
     def tpot_ms(self, choice: Mapping[str, int], t: str, thetas: Mapping[str, float | None] | None = None) -> float:
-        """Predicted time per output token of tenant t (weighted by its traffic shares)."""
+        """Predicted time per output token of tenant t (weighted by its traffic shares);
+        infinite while no healthy replica serves it (every replica down is a
+        state the controller must ride through, not a crash of its tick)."""
         model = self.model if thetas is None else self.model.with_thetas(thetas)
         acc, reps = self.ctx.acc, self.ctx.homes[t]
+        if not reps:
+            return math.inf
         view = self.ctx.tenants[t]
         weights = {r.name: view.shares.get(r.name, 0.0) for r in reps}
         norm = sum(weights.values()) or float(len(reps))

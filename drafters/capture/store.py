@@ -142,6 +142,13 @@ class SampleStore:
         found = [(p, m) for p, m, _ in self._files() if tenant is None or p.parent.name == tenant_slug(tenant)]
         return [SampleKey(p.parent.name, p.name) for p, _ in sorted(found, key=lambda e: (e[1], e[0].name))]
 
+    def count(self, tenant: str, since: float | None = None) -> int:
+        """A tenant's samples present now, captured at or after `since` (epoch s; None: all).
+        The file stamp is the capture time (strictly increasing per store), so no header is read."""
+        slug = tenant_slug(tenant)
+        floor = None if since is None else int(since * 1e9)
+        return sum(1 for p, m, _ in self._files() if p.parent.name == slug and (floor is None or m >= floor))
+
     def read(self, key: SampleKey | str) -> tuple[dict[str, Any], SampleMeta | None]:
         """(tensors, meta) of one sample; FileNotFoundError once it was evicted."""
         path = self._path(key)  # a bad key is refused before anything is imported or opened

@@ -254,3 +254,11 @@ def test_decide_is_pure():
     a = decide(reps, ts, {}, {}, now=3.0)
     b = decide(reps, ts, {}, {}, now=3.0)
     assert a.policies == b.policies and [r.numbers for r in a.records] == [r.numbers for r in b.records]
+
+
+def test_no_replica_at_all_is_a_decision_not_a_crash():
+    """Every replica down (none scraped healthy): the tick still decides and
+    records an undefined predicted TPOT instead of dividing by zero."""
+    d = decide([], tenants(code=CODE, chat=CHAT), {}, {}, now=0.0)
+    assert {"code", "chat"} <= set(d.policies)
+    assert all(r.numbers["predicted_tpot_ms"] is None for r in d.records)
