@@ -1,6 +1,6 @@
 """The live-traffic drafter loop, end to end on real vLLM CPU servers.
 
-    .venv/bin/python bench/drafter_loop.py            # ~25-40 min on 2 cores
+    .venv/bin/python bench/drafter_loop.py            # ~50 min on 2 cores
     .venv/bin/python bench/drafter_loop.py --help
 
 What runs (every part is the shipped one; nothing is simulated):
@@ -149,7 +149,7 @@ def complete(base_url: str, key: str, prompt: str, max_tokens: int) -> dict:
     return {"text": resp.choices[0].text, "al": 1 + accepted / steps if steps else None, "tokens": resp.usage.completion_tokens}
 
 
-def run_prompts(base_url: str, tenant: str, texts: list[str], max_tokens: int, concurrency: int = 2) -> list[dict]:
+def run_prompts(base_url: str, tenant: str, texts: list[str], max_tokens: int, concurrency: int = 4) -> list[dict]:
     import concurrent.futures as cf
 
     with cf.ThreadPoolExecutor(max_workers=concurrency) as pool:
@@ -198,19 +198,20 @@ def wait_captures(gateway: Gateway, expected: int, timeout_s: float) -> dict[str
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--capture-requests", type=int, default=120, help="requests of the captured tenant while capturing")
+    p.add_argument("--capture-requests", type=int, default=240, help="requests of the captured tenant while capturing")
     p.add_argument("--other-requests", type=int, default=24, help="requests of the other tenant meanwhile (never captured)")
     p.add_argument("--heldout", type=int, default=12, help="held-out prompts per tenant (never captured, never trained on)")
     p.add_argument("--canary-requests", type=int, default=60, help="most requests per tenant while the canary runs")
     p.add_argument("--max-tokens", type=int, default=32)
+    p.add_argument("--concurrency", type=int, default=4, help="requests in flight per tenant (vLLM batches them)")
     p.add_argument("--train-minutes", type=float, default=8.0, help="training wall-time bound")
     p.add_argument("--train-steps", type=int, default=400, help="training steps (ce loss: what greedy acceptance rewards)")
     p.add_argument("--share", type=float, default=0.5, help="canary share of the tenant's traffic")
     p.add_argument("--min-requests", type=int, default=10, help="controller.rollout.min_requests per arm")
     p.add_argument("--canary-budget-s", type=float, default=1800.0, help="controller.rollout.max_duration_s")
-    p.add_argument("--store-max-mb", type=float, default=16.0, help="capture store bound (MiB)")
+    p.add_argument("--store-max-mb", type=float, default=32.0, help="capture store bound (MiB)")
     p.add_argument("--store-ttl-s", type=float, default=3600.0)
-    p.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "drafter_loop.json")
+    p.add_argument("--out", type=Path, default=REPO / ".cache" / "specgate" / "drafter_loop.json")
     p.add_argument("--log-dir", type=Path, default=None)
     return p.parse_args(argv)
 
@@ -261,7 +262,9 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901 -- one linear scri
         replicas = [{k: v for k, v in r.items() if v is not None} for r in replicas]
         prefix = redis.prefix("loop")
         gateway = Gateway(gateway_config(replicas, capture.url, redis.url, prefix, args), log_dir, "capture", controller=True).start()
-        pin = {"mode": "on", "note": "bench: keep speculation on; the loop measures acceptance, not load"}
+        # Speculation on at the full block: the loop measures the drafters' acceptance, not the
+        # controller's load response (which would cap a tenant whose estimate is low).
+        pin = {"mode": "on", "max_draft_min": block, "note": "bench: speculation on at the full block; acceptance, not load"}
         for t in TENANTS:
             admin(gateway, "PUT", f"/admin/tenants/{t}/override", pin)
         say("phase capture: both tenants through the gateway; only `code` is captured")
@@ -269,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901 -- one linear scri
         before = {}
         for t in TENANTS:
             n = args.capture_requests if t == CAPTURED_TENANT else args.other_requests
-            run_prompts(gateway.url + "/v1", t, prompts(t, n, seed=1), args.max_tokens)
+            run_prompts(gateway.url + "/v1", t, prompts(t, n, seed=1), args.max_tokens, args.concurrency)
         counts = wait_captures(gateway, args.capture_requests, timeout_s=900)
         for t in TENANTS:  # held-out prompts are measured after the capture counts: never trained on
             before[t] = run_prompts(gateway.url + "/v1", t, held[t], args.max_tokens)
@@ -305,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901 -- one linear scri
         seed = 10
         while time.monotonic() - started < args.canary_budget_s:
             for t in TENANTS:
-                run_prompts(gateway.url + "/v1", t, prompts(t, 8, seed=seed), args.max_tokens)
+                run_prompts(gateway.url + "/v1", t, prompts(t, 8, seed=seed), args.max_tokens, args.concurrency)
             seed += 1
             state = admin(gateway, "GET", f"/admin/tenants/{CAPTURED_TENANT}/drafter")
             say(f"rollout: {state.get('state')} -- {(state.get('verdict') or {}).get('reason', '')}")
