@@ -41,7 +41,6 @@ from contract.telemetry import read_all
 from contract.vllm_metrics import VllmMetricsSnapshot, fetch_metrics
 
 from . import rollout
-from .training import TrainingJobs
 from .actuation import Actuator, default_actuator, publish_if_changed, regime_dict, store_fleet_plan
 from .audit import audit, is_paused
 from .core import ControlCore
@@ -49,6 +48,7 @@ from .costs import ReplicaCost
 from .decision import Decision
 from .metrics import ControllerMetrics
 from .signals import merge_gpu_gauges, scrape_all
+from .training import TrainingJobs
 
 log = logging.getLogger("specgate.controller")
 

@@ -175,16 +175,16 @@ class TrainingJobs:
         docs = await self._give_up_orphans(docs, now)
         if self.running:
             return None
-        from drafters.capture.store import SampleStore
-
-        samples = SampleStore(self.settings.store_root)
+        opted_in = list(opted_in)
+        since = {t: docs[t].job.started_at if t in docs and docs[t].job is not None else None for t in opted_in}
+        # A directory walk (stat per sample): off the event loop, which may be an embedding gateway's.
+        counts = await asyncio.to_thread(self._count_new, since)
         for tenant in opted_in:
             doc = docs.get(tenant, TenantTraining())
             last = doc.job
             canary = rollouts.get(tenant)
             inputs = TrainingInputs(
-                tenant=tenant, opted_in=True,
-                new_samples=samples.count(tenant, since=last.started_at if last is not None else None),
+                tenant=tenant, opted_in=True, new_samples=counts[tenant],
                 last_started_at=last.started_at if last is not None else None,
                 requested=doc.requested_by is not None, job_running=self.running or any(d.job is not None and d.job.running for d in docs.values()),
                 canary_running=canary is not None and canary.rollout is not None and canary.rollout.running,
@@ -195,6 +195,12 @@ class TrainingJobs:
             if verdict.due:
                 return await self._start(tenant, doc, canary, inputs.new_samples, verdict.reason, now)
         return None
+
+    def _count_new(self, since: dict[str, float | None]) -> dict[str, int]:
+        from drafters.capture.store import SampleStore
+
+        samples = SampleStore(self.settings.store_root)
+        return {tenant: samples.count(tenant, since=at) for tenant, at in since.items()}
 
     async def _start(self, tenant: str, doc: TenantTraining, drafters: TenantDrafters | None, new_samples: int,
                      reason: str, now: float) -> TrainingJob:
