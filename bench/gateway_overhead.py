@@ -256,7 +256,21 @@ def stream_fidelity(direct: str, gateway: str) -> bool:
     return norm(fetch(direct)) == norm(fetch(gateway))
 
 
-def write_config(args, backend_port: int, prefix: str, upstream: str, sample_ratio: float | None) -> str:
+def gateway_overrides(pairs: list[str]) -> dict:
+    """`--current-gateway KEY=VALUE` pairs as gateway settings (VALUE read as JSON, else a string)."""
+    out = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"--current-gateway wants KEY=VALUE, got {pair!r}")
+        try:
+            out[key] = json.loads(value)
+        except ValueError:
+            out[key] = value
+    return out
+
+
+def write_config(args, backend_port: int, prefix: str, upstream: str, sample_ratio: float | None, extra: dict | None = None) -> str:
     cfg = tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False)
     cfg.write(
         json.dumps(
@@ -275,6 +289,7 @@ def write_config(args, backend_port: int, prefix: str, upstream: str, sample_rat
                 "gateway": {
                     "tracing": {"enabled": sample_ratio is not None, "exporter": "none", "sample_ratio": sample_ratio or 0.0},
                     "upstream_client": upstream,
+                    **(extra or {}),
                 },
                 "log_level": "WARNING",
             }
@@ -335,6 +350,9 @@ def main() -> None:
     ap.add_argument("--duration", type=float, default=10.0, help="seconds per latency rate")
     ap.add_argument("--throughput-seconds", type=int, default=8)
     ap.add_argument("--connections", type=int, default=32)
+    ap.add_argument("--current-gateway", action="append", default=[], metavar="KEY=VALUE",
+                    help="a gateway setting for this checkout's gateway only, not the baseline's "
+                         "(e.g. max_continuations=0 to price a feature the baseline lacks); repeatable")
     ap.add_argument(
         "--variants",
         default="aiohttp,aiohttp@0.01,aiohttp@off,httpx",
@@ -377,14 +395,19 @@ def main() -> None:
         for i, (client, ratio) in enumerate(variants):
             name = f"{client}, tracing " + ("off" if ratio is None else f"on (sample {ratio:g})")
             port = free_port()
-            cfg = write_config(args, backend_port, prefix, client, ratio)
+            extra = gateway_overrides(args.current_gateway)
+            cfg = write_config(args, backend_port, prefix, client, ratio, extra)
             configs.append(cfg)
             gw = start_gateway(args, cfg, port)
             gateway = f"http://127.0.0.1:{port}"
             base = base_url = None
             if i == 0 and base_root is not None:
                 base_port = free_port()
-                base = start_gateway(args, cfg, base_port, base_root)
+                base_cfg = cfg
+                if extra:
+                    base_cfg = write_config(args, backend_port, prefix, client, ratio)
+                    configs.append(base_cfg)
+                base = start_gateway(args, base_cfg, base_port, base_root)
                 base_url = f"http://127.0.0.1:{base_port}"
             try:
                 if i == 0:
