@@ -9,18 +9,16 @@ the next controller tick produced it.
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 from typing import Iterable, Literal
 
-from pydantic import BaseModel, Field, ValidationError, model_validator
+from pydantic import BaseModel, Field, model_validator
 
 from .keys import OVERRIDES_KEY
 from .policy import SpeculationPolicy
 from .profiles import parse_profile
 from .store import Store
-
-_log = logging.getLogger("specgate.contract.overrides")
+from .store.tenant_docs import load_docs
 
 
 class TenantOverride(BaseModel):
@@ -156,14 +154,7 @@ async def load_overrides(store: Store) -> dict[str, TenantOverride]:
     """Stored overrides; an entry that no longer validates (an older schema,
     a hand edit) is skipped with a warning rather than failing every tick and
     every admin call."""
-    raw = await store.get_json(OVERRIDES_KEY) or {}
-    overrides: dict[str, TenantOverride] = {}
-    for tenant, value in (raw.items() if isinstance(raw, dict) else ()):
-        try:
-            overrides[tenant] = TenantOverride.model_validate(value)
-        except ValidationError as exc:
-            _log.warning("ignoring invalid override for tenant %s: %s", tenant, exc.errors()[:1])
-    return overrides
+    return await load_docs(store, OVERRIDES_KEY, TenantOverride)
 
 
 async def set_override(store: Store, tenant: str, override: TenantOverride) -> dict[str, TenantOverride]:

@@ -35,22 +35,20 @@ abort in between wins).
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 from typing import Iterable, Literal, Mapping
 
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, Field
 
 from contract.keys import ROLLOUTS_KEY
 from contract.policy import CanarySpec, CaptureSpec, SpeculationPolicy
 from contract.settings import ReplicaConfig, RolloutSettings
 from contract.store import Store
+from contract.store.tenant_docs import load_docs, save_doc
 from contract.telemetry import TelemetryCounters
 
 from .decision.rollout import ARM_FIELDS, ArmStats, RolloutVerdict, judge
 from .decision.views import Carried
-
-log = logging.getLogger("specgate.controller.rollout")
 
 PAST_MAX = 20  # earlier rollouts kept per tenant
 
@@ -270,28 +268,15 @@ def step(
 # -- the store document ----------------------------------------------------------
 async def load(store: Store) -> dict[str, TenantDrafters]:
     """The rollout document; an entry that no longer validates is skipped with a warning."""
-    raw = await store.get_json(ROLLOUTS_KEY) or {}
-    docs: dict[str, TenantDrafters] = {}
-    for tenant, value in (raw.items() if isinstance(raw, dict) else ()):
-        try:
-            docs[tenant] = TenantDrafters.model_validate(value)
-        except ValidationError as exc:
-            log.warning("ignoring invalid rollout state for tenant %s: %s", tenant, exc.errors()[:1])
-    return docs
-
-
-async def save(store: Store, docs: Mapping[str, TenantDrafters]) -> None:
-    await store.set_json(ROLLOUTS_KEY, {t: d.model_dump(mode="json") for t, d in docs.items()})
+    return await load_docs(store, ROLLOUTS_KEY, TenantDrafters)
 
 
 async def save_one(store: Store, tenant: str, doc: TenantDrafters) -> None:
     """Replace one tenant's entry (re-reading the rest, so other tenants' writes stand)."""
-    docs = await load(store)
-    docs[tenant] = doc
-    await save(store, docs)
+    await save_doc(store, ROLLOUTS_KEY, TenantDrafters, tenant, doc)
 
 
 __all__ = [
     "PAST_MAX", "Rollout", "RolloutRefused", "Step", "TenantDrafters", "abort", "arms", "baseline_of", "carried",
-    "conclude", "load", "same_canary", "save", "save_one", "serving", "start", "step", "verdict_for",
+    "conclude", "load", "same_canary", "save_one", "serving", "start", "step", "verdict_for",
 ]

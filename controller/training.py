@@ -37,11 +37,12 @@ import uuid
 from pathlib import Path
 from typing import Iterable, Literal, Mapping
 
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, Field
 
 from contract.keys import TRAINING_KEY
 from contract.settings import TrainingSettings
 from contract.store import Store
+from contract.store.tenant_docs import load_docs, save_doc
 
 from .audit import audit
 from .decision.training import TrainingInputs, TrainingVerdict, training_due
@@ -88,20 +89,11 @@ class TenantTraining(BaseModel):
 
 
 async def load(store: Store) -> dict[str, TenantTraining]:
-    raw = await store.get_json(TRAINING_KEY) or {}
-    out = {}
-    for tenant, doc in raw.items():
-        try:
-            out[tenant] = TenantTraining.model_validate(doc)
-        except ValidationError:
-            log.warning("unreadable training document of %s ignored", tenant)
-    return out
+    return await load_docs(store, TRAINING_KEY, TenantTraining)
 
 
 async def save_one(store: Store, tenant: str, doc: TenantTraining) -> None:
-    current = await store.get_json(TRAINING_KEY) or {}
-    current[tenant] = doc.model_dump(mode="json")
-    await store.set_json(TRAINING_KEY, current)
+    await save_doc(store, TRAINING_KEY, TenantTraining, tenant, doc)
 
 
 def with_job(doc: TenantTraining, job: TrainingJob) -> TenantTraining:
@@ -186,7 +178,7 @@ class TrainingJobs:
             inputs = TrainingInputs(
                 tenant=tenant, opted_in=True, new_samples=counts[tenant],
                 last_started_at=last.started_at if last is not None else None,
-                requested=doc.requested_by is not None, job_running=self.running or any(d.job is not None and d.job.running for d in docs.values()),
+                requested=doc.requested_by is not None, job_running=any(d.job is not None and d.job.running for d in docs.values()),
                 canary_running=canary is not None and canary.rollout is not None and canary.rollout.running,
             )  # fmt: skip
             verdict = training_due(inputs, min_new_samples=self.settings.min_new_samples,
@@ -250,12 +242,8 @@ class TrainingJobs:
             error = "trainer printed no result"
         done = job.model_copy(update={"state": "failed" if error else "succeeded", "finished_at": time.time(),
                                       "result": result, "error": error})  # fmt: skip
-        docs = await load(self.store)
-        doc = docs.get(job.tenant, TenantTraining())
-        if doc.job is not None and doc.job.id == job.id:
-            await save_one(self.store, job.tenant, doc.model_copy(update={"job": done}))
-        else:
-            await save_one(self.store, job.tenant, with_job(doc, done))
+        doc = (await load(self.store)).get(job.tenant, TenantTraining())
+        await save_one(self.store, job.tenant, with_job(doc, done))  # replaces the job in place when it is the latest
         action = "training_fail" if error else "training_finish"
         detail = {"job": job.id, "drafter": job.drafter, "checkpoint": job.checkpoint}
         detail.update({"error": error} if error else {k: (result or {}).get(k) for k in ("step", "stopped", "acceptance_current", "acceptance_new")})

@@ -69,3 +69,23 @@ async def wait_for(predicate, timeout_s: float, interval_s: float = 0.05, what: 
         if loop.time() > deadline:
             raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
         await asyncio.sleep(interval_s)
+
+
+@contextlib.asynccontextmanager
+async def controller_with_admin(settings, redis_url: str, prefix: str, headers: dict):
+    """A `Controller` on its own Redis connection (ticked by the test) and the
+    standalone admin app over loopback; yields (store, controller, admin client)."""
+    import httpx
+
+    from contract.store.redis_store import RedisStore
+    from controller.admin_app import ControllerAdminHost, create_admin_app
+    from controller.service import Controller
+
+    async with contextlib.AsyncExitStack() as stack:
+        store = RedisStore(redis_url, prefix=prefix)
+        stack.push_async_callback(store.close)
+        ctl = Controller(settings, store)
+        stack.push_async_callback(ctl.close)
+        admin_url = await stack.enter_async_context(serve(create_admin_app(ControllerAdminHost(settings, store, ctl))))
+        http = await stack.enter_async_context(httpx.AsyncClient(base_url=admin_url, headers=headers, timeout=10))
+        yield store, ctl, http

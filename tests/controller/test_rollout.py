@@ -22,10 +22,9 @@ from contract.keys import HISTORY_KEY
 from contract.policy import load_policies
 from contract.settings import Settings, hash_key
 from contract.telemetry import RequestSpecStats, increments_for, record_increments
-from controller.admin_app import ControllerAdminHost, create_admin_app
 from controller.service import Controller
 from tests.controller.conftest import ADMIN_KEY, TENANT_KEYS
-from tests.controller.servers import serve, sim_replica
+from tests.controller.servers import controller_with_admin, sim_replica
 
 pytestmark = pytest.mark.slow
 ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}", "X-Admin-User": "alice"}
@@ -49,17 +48,10 @@ def settings_for(urls: list[str], redis_url: str, prefix: str) -> Settings:
 @contextlib.asynccontextmanager
 async def rig(redis_url: str, prefix: str):
     """Sim replicas + settings + a controller on its own Redis connection + the admin app."""
-    from contract.store.redis_store import RedisStore
-
     async with contextlib.AsyncExitStack() as stack:
         urls = [await stack.enter_async_context(sim_replica("dspark-b8", f"sim-{i}", seed=i)) for i in range(2)]
         settings = settings_for(urls, redis_url, prefix)
-        store = RedisStore(redis_url, prefix=prefix)
-        stack.push_async_callback(store.close)
-        ctl = Controller(settings, store)
-        stack.push_async_callback(ctl.close)
-        admin_url = await stack.enter_async_context(serve(create_admin_app(ControllerAdminHost(settings, store, ctl))))
-        http = await stack.enter_async_context(httpx.AsyncClient(base_url=admin_url, headers=ADMIN, timeout=10))
+        store, ctl, http = await stack.enter_async_context(controller_with_admin(settings, redis_url, prefix, ADMIN))
         yield settings, store, ctl, http
 
 

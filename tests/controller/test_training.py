@@ -20,11 +20,10 @@ import pytest
 
 from contract.settings import Settings, hash_key
 from controller import training
-from controller.admin_app import ControllerAdminHost, create_admin_app
 from controller.service import Controller
 from drafters.capture.store import SampleStore
 from tests.controller.conftest import ADMIN_KEY, TENANT_KEYS
-from tests.controller.servers import serve
+from tests.controller.servers import controller_with_admin
 
 ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}", "X-Admin-User": "alice"}
 
@@ -50,16 +49,8 @@ def capture(tmp_path, tenant: str, n: int) -> None:
 
 @contextlib.asynccontextmanager
 async def rig(tmp_path, redis_url: str, prefix: str, **training_cfg):
-    from contract.store.redis_store import RedisStore
-
-    async with contextlib.AsyncExitStack() as stack:
-        settings = settings_for(tmp_path, redis_url, prefix, **training_cfg)
-        store = RedisStore(redis_url, prefix=prefix)
-        stack.push_async_callback(store.close)
-        ctl = Controller(settings, store)
-        stack.push_async_callback(ctl.close)
-        admin_url = await stack.enter_async_context(serve(create_admin_app(ControllerAdminHost(settings, store, ctl))))
-        http = await stack.enter_async_context(httpx.AsyncClient(base_url=admin_url, headers=ADMIN, timeout=10))
+    settings = settings_for(tmp_path, redis_url, prefix, **training_cfg)
+    async with controller_with_admin(settings, redis_url, prefix, ADMIN) as (store, ctl, http):
         yield store, ctl, http
 
 
