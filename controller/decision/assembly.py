@@ -23,6 +23,7 @@ from .context import FleetContext
 from .goodput import regime_label
 from .hysteresis import Verdict
 from .optimizer import TenantProposal
+from .placement import preferred_profile
 from .views import FULL, Carried, DecisionRecord, TenantView, cap_label
 
 
@@ -30,11 +31,8 @@ def speculation_policy(k: int, theta: float | None, ctx: FleetContext, max_batch
     """The controller's own policy for cap k (0 = off: prefer the off pool if any)."""
     if k <= 0:
         return SpeculationPolicy(enabled=False, preferred_profile="off" if ctx.off_pool else None, max_draft=0)
-    spec = sorted({(r.block, r.profile) for r in ctx.live if r.block > 0})
-    fitting = [p for b, p in spec if b >= k]
-    preferred = fitting[0] if fitting and len(spec) > 1 else None
     return SpeculationPolicy(
-        enabled=True, preferred_profile=preferred, max_draft=None if k >= FULL else min(k, ctx.max_block),
+        enabled=True, preferred_profile=preferred_profile(k, ctx.live), max_draft=None if k >= FULL else min(k, ctx.max_block),
         min_confidence=theta, max_batch=max_batch,
     )
 

@@ -30,6 +30,7 @@ from ..acceptance_fit import draft_length, tokens_per_step
 from .config import DecisionConfig
 from .context import FleetContext
 from .goodput import GoodputModel, effective_cap, run_batch
+from .placement import place, pricing_targets, tenant_load
 from .views import ReplicaInput, cap_label
 
 
@@ -81,23 +82,40 @@ def priced_mix(rep: ReplicaInput, t: str) -> dict[str, float]:
 class Optimizer:
     def __init__(self, ctx: FleetContext, model: GoodputModel, overrides: Mapping[str, TenantOverride], cfg: DecisionConfig):
         self.ctx, self.model, self.overrides, self.cfg = ctx, model, overrides, cfg
+        self._placed: dict[tuple[tuple[str, int], ...], list[ReplicaInput]] = {}
 
     # -- pricing ----------------------------------------------------------
+    def placed(self, choice: Mapping[str, int]) -> list[ReplicaInput]:
+        """The live replicas carrying traffic as routing would under `choice`
+        (`placement.place`; memoised: the ascent asks for the same choices often)."""
+        key = tuple(sorted(choice.items()))
+        if key not in self._placed:
+            self._placed[key] = place(self.ctx.live, choice, self.ctx.current, self.ctx.off_pool)
+        return self._placed[key]
+
     def fleet_goodput(self, choice: Mapping[str, int], t: str, thetas: Mapping[str, float | None] | None = None) -> float:
-        """Goodput of tenant t's replicas under `choice` (floors: the model's unless given)."""
+        """Goodput of the live replicas under `choice` (floors: the model's
+        unless given), tenant t priced as at least a small participant
+        everywhere. Every live replica, not only those t's traffic was seen
+        on: a candidate cap may route it elsewhere (`placed`), and every
+        candidate must be summed over the same replicas to compare."""
         model = self.model if thetas is None else self.model.with_thetas(thetas)
-        return sum(model.evaluate(replace(rep, mix=priced_mix(rep, t)), choice).goodput for rep in self.ctx.homes[t])
+        return sum(model.evaluate(replace(rep, mix=priced_mix(rep, t)), choice).goodput for rep in self.placed(choice))
 
     def tpot_ms(self, choice: Mapping[str, int], t: str, thetas: Mapping[str, float | None] | None = None) -> float:
         """Predicted time per output token of tenant t (weighted by its traffic shares);
         infinite while no healthy replica serves it (every replica down is a
         state the controller must ride through, not a crash of its tick)."""
         model = self.model if thetas is None else self.model.with_thetas(thetas)
-        acc, reps = self.ctx.acc, self.ctx.homes[t]
+        acc, reps = self.ctx.acc, self.placed(choice)
         if not reps:
             return math.inf
-        view = self.ctx.tenants[t]
-        weights = {r.name: view.shares.get(r.name, 0.0) for r in reps}
+        if pricing_targets(choice[t], self.ctx.current.get(t, choice[t]), self.ctx.live, self.ctx.off_pool) is not None:
+            # Routed elsewhere than observed: weighted by where its requests would run.
+            weights = {r.name: tenant_load(r, t) for r in reps}
+        else:
+            view = self.ctx.tenants[t]
+            weights = {r.name: view.shares.get(r.name, 0.0) for r in reps}
         norm = sum(weights.values()) or float(len(reps))
         total = 0.0
         for rep in reps:
@@ -110,7 +128,7 @@ class Optimizer:
         """Tenant t's share of the traffic on its replicas, as `fleet_goodput`
         prices it (`priced_mix`: at least MIN_PRICED_SHARE on each), so that a
         fleet gain divided by it is the tenant's own."""
-        reps = self.ctx.homes[t]
+        reps = self.ctx.live
         total = sum(max(r.batch, 1.0) for r in reps)
         if total <= 0:
             return 1.0
@@ -151,7 +169,7 @@ class Optimizer:
         proposal, scores = ctx.current, {}
         for start in starts:
             cand, tables = self._ascend(start, order, options)
-            g = self.model.total(ctx.live, cand)
+            g = self.model.total(self.placed(cand), cand)
             if g > best_total * (1 + 1e-6):
                 best_total, proposal, scores = g, cand, tables
         return Plan(proposal, scores, options)

@@ -262,3 +262,44 @@ def test_no_replica_at_all_is_a_decision_not_a_crash():
     d = decide([], tenants(code=CODE, chat=CHAT), {}, {}, now=0.0)
     assert {"code", "chat"} <= set(d.policies)
     assert all(r.numbers["predicted_tpot_ms"] is None for r in d.records)
+
+
+def _closed_loop(loads, cfg=DecisionConfig()):
+    """Ticks of a fleet whose traffic follows the published policies as the
+    gateway routes it: chat (60 % of the requests) and code spread over two
+    dspark-b8 replicas and the off replica while they speculate, wholly on the
+    off replica while they do not. Returns chat's `enabled` per tick."""
+    shares, names = {"chat": 0.6, "code": 0.4}, ("s1", "s2", "plain")
+    state: dict[str, TenantState] = {}
+    policies: dict = {}
+    chat_on = []
+    for i, total in enumerate(loads):
+        per: dict[str, dict[str, float]] = {n: {} for n in names}
+        for t, share in shares.items():
+            dest = names if t not in policies or policies[t].enabled else ("plain",)
+            for n in dest:
+                per[n][t] = total * share / len(dest)
+        reps = []
+        for n in names:
+            b = sum(per[n].values())
+            profile, block = ("off", 0) if n == "plain" else ("dspark-b8", 8)
+            reps.append(replica(b, {t: v / b for t, v in per[n].items()} if b else {}, profile=profile, block=block, name=n))
+        d = decide(reps, tenants(chat=CHAT, code=CODE), state, {}, now=float(i), cfg=cfg)
+        state, policies = d.state, d.policies
+        chat_on.append(policies["chat"].enabled)
+    return chat_on
+
+
+def test_a_tenant_parked_on_the_off_pool_comes_back_when_the_load_drops():
+    """Switched off under load, a tenant's traffic sits wholly on the off
+    replica, where no cap gains anything; priced there, it stayed off for
+    good after the load dropped (seen in `specgate load`'s step workload).
+    Priced where speculating would route it, it comes back at once -- and
+    under load the off pool's relief is not mistaken for a speculation gain
+    (no on-off flapping while the load stays)."""
+    light, heavy = [6] * 15, [400] * 30
+    chat_on = _closed_loop(light + heavy + light)
+    assert all(chat_on[:15])
+    heavy_part = chat_on[15:45]
+    assert not heavy_part[-1] and sum(a != b for a, b in zip(heavy_part, heavy_part[1:])) <= 1  # off once, stays off
+    assert chat_on[-1] and chat_on.index(True, 45) <= 45 + 5
