@@ -31,7 +31,7 @@ import pytest
 
 from contract.capture import capture_request_body, tenant_slug
 from drafters.capture.replica import SAMPLE_KEY_PARAM, capture_replica_args
-from drafters.capture.store import SampleStore
+from drafters.capture.store import _STATS_FILE, _TMP_PREFIX, SampleStore
 from tests.vllm_support import env as vllm_env
 from tests.vllm_support.launcher import VllmServer, VllmServerSpec
 
@@ -103,8 +103,13 @@ def wait_for(path: Path, timeout_s: float = FILE_WAIT_S) -> None:
         time.sleep(0.05)
 
 
+_BOOKKEEPING = (_STATS_FILE, _TMP_PREFIX + _STATS_FILE)
+
+
 def all_files(root: Path) -> set[str]:
-    return {str(p.relative_to(root)) for p in root.rglob("*") if p.is_file() and p.name != ".stats.json"}
+    """Files under the store, minus its own bookkeeping (the stats file, and
+    the temporary file it is rewritten through after every write)."""
+    return {str(p.relative_to(root)) for p in root.rglob("*") if p.is_file() and p.name not in _BOOKKEEPING}
 
 
 def hf_reference(root: Path, model_dir: Path, keys: list[str]) -> dict:
