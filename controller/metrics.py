@@ -83,6 +83,19 @@ class ControllerMetrics:
             "specgate_controller_replica_step_cost_points",
             "Distinct load points behind the learned step curve (0 = prior only)", ["replica"], registry=r,
         )
+        self.canary_verdicts = Counter(
+            "specgate_controller_canary_verdicts", "Canary verdicts this instance wrote (promote, rollback)", ["verdict"],
+            registry=r,
+        )
+        self.canaries_running = Gauge("specgate_controller_canaries_running", "Tenants with a canary running", registry=r)
+        self.training_jobs = Counter(
+            "specgate_controller_training_jobs",
+            "Drafter training jobs of this instance by outcome (started, succeeded, failed; a job given up counts as failed)",
+            ["outcome"], registry=r,
+        )
+        self.training_running = Gauge(
+            "specgate_controller_training_running", "1 while this instance runs a drafter training job", registry=r
+        )
         self.scrape_failures = Counter(
             "specgate_controller_scrape_failures", "Failed replica /metrics scrapes", ["replica"], registry=r
         )

@@ -94,7 +94,9 @@ class Controller:
             unhealthy_after_failures=self.config.unhealthy_after_failures,
         )
         # Controller-triggered drafter training (controller/training.py): off unless configured.
-        self.training = TrainingJobs(self.config.training, store, self.owner) if self.config.training.enabled else None
+        self.training = (
+            TrainingJobs(self.config.training, store, self.owner, self.metrics) if self.config.training.enabled else None
+        )
         self.is_leader = False
         self.last_decision: Decision | None = None
         self.ticks = 0
@@ -152,6 +154,8 @@ class Controller:
                                   docs, self._configured)
         if self.training is not None and not paused:
             await self._train([t for t, c in carried.items() if c.capture is not None], docs)
+        self.metrics.canaries_running.set(sum(1 for d in docs.values() if d.rollout is not None and d.rollout.running))
+        self.metrics.training_running.set(1 if self.training is not None and self.training.running else 0)
         # The decision is pure CPU work (seconds for large fleets x many
         # tenants): in a worker thread, so an embedding gateway's event loop
         # keeps serving requests meanwhile. Nothing else touches the core
@@ -190,6 +194,7 @@ class Controller:
             docs = {**current, tenant: ended}
             verdict = plan.verdicts[tenant]
             action = "canary_promote" if verdict.verdict == "promote" else "canary_rollback"
+            self.metrics.canary_verdicts.labels(verdict.verdict).inc()
             log.info("%s %s drafter %s: %s", action, tenant, ended.rollout.drafter, verdict.reason)
             await audit(self.store, by, action, tenant,
                         {"drafter": ended.rollout.drafter, "reason": verdict.reason, "numbers": verdict.numbers})

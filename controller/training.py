@@ -46,6 +46,7 @@ from contract.store.tenant_docs import load_docs, save_doc
 
 from .audit import audit
 from .decision.training import TrainingInputs, TrainingVerdict, training_due
+from .metrics import ControllerMetrics
 from .rollout import TenantDrafters
 
 log = logging.getLogger("specgate.controller.training")
@@ -148,10 +149,11 @@ def last_json_line(text: str) -> dict | None:
 class TrainingJobs:
     """At most one training subprocess of this controller instance at a time."""
 
-    def __init__(self, settings: TrainingSettings, store: Store, owner: str) -> None:
+    def __init__(self, settings: TrainingSettings, store: Store, owner: str, metrics: ControllerMetrics | None = None) -> None:
         self.settings = settings
         self.store = store
         self.owner = owner
+        self.metrics = metrics
         self._task: asyncio.Task | None = None
         self._proc: asyncio.subprocess.Process | None = None
         self.last_verdicts: dict[str, TrainingVerdict] = {}
@@ -208,6 +210,7 @@ class TrainingJobs:
         await audit(self.store, job.started_by, "training_start", tenant,
                     {"job": job.id, "drafter": job.drafter, "reason": reason, "checkpoint": out, "init_from": init_from})
         log.info("training %s for %s: %s", job.drafter, tenant, reason)
+        self._count("started")
         self._task = asyncio.create_task(self._run(job, train_command(self.settings, tenant, out, init_from)))
         return job
 
@@ -249,6 +252,11 @@ class TrainingJobs:
         detail.update({"error": error} if error else {k: (result or {}).get(k) for k in ("step", "stopped", "acceptance_current", "acceptance_new")})
         await audit(self.store, f"controller:{self.owner}", action, job.tenant, detail)
         log.info("%s %s %s: %s", action, job.tenant, job.drafter, error or detail)
+        self._count("failed" if error else "succeeded")
+
+    def _count(self, outcome: str) -> None:
+        if self.metrics is not None:
+            self.metrics.training_jobs.labels(outcome).inc()
 
     async def _give_up_orphans(self, docs: dict[str, TenantTraining], now: float) -> dict[str, TenantTraining]:
         """Running jobs nobody waits for: ours without a task (a restart) or

@@ -151,6 +151,7 @@ async def test_a_better_drafter_is_promoted_through_a_canary_and_stays(redis_url
         assert promoted["reason"].startswith("drafter alpha-v2 promoted: candidate better: acceptance ")
         actions = await audit_actions(http)
         assert ("canary_promote", "alpha", "controller:ctl-a") in actions
+        assert ctl.metrics.registry.get_sample_value("specgate_controller_canary_verdicts_total", {"verdict": "promote"}) == 1.0
         assert any(x[:2] == ("canary_start", "alpha") and x[2].startswith("alice@") for x in actions)
         d = (await http.get("/admin/tenants/alpha/drafter")).json()
         assert d["drafter"] == "alpha-v2" and d["state"] == "promoted" and d["verdict"] is None
@@ -211,11 +212,14 @@ async def test_a_worse_drafter_is_rolled_back_and_never_retried(redis_url, redis
         assert (await http.post("/admin/tenants/alpha/canary", json={"drafter": "alpha-v2", "share": 0.2})).status_code == 200
         await ctl.tick()
         assert (await policy(store, "alpha")).canary is not None
+        assert ctl.metrics.registry.get_sample_value("specgate_controller_canaries_running") == 1.0
         await simulate_requests(store, "alpha", "sim-1", 30, 0.35, seed=21)
         await simulate_requests(store, "alpha", "sim-0", 100, 0.6, seed=22)
         await ctl.tick()
         alpha = await policy(store, "alpha")
         assert alpha.canary is None and alpha.drafter is None and alpha.capture is not None
+        assert ctl.metrics.registry.get_sample_value("specgate_controller_canary_verdicts_total", {"verdict": "rollback"}) == 1.0
+        assert ctl.metrics.registry.get_sample_value("specgate_controller_canaries_running") == 0.0
         ended = (await history(store, "alpha"))[0]
         assert ended["changes"]["canary"][1] is None
         assert ended["reason"].startswith("canary alpha-v2 rolled back: candidate not better: acceptance ")

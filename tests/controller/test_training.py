@@ -63,6 +63,10 @@ async def wait_job(ctl: Controller) -> None:
         await ctl.training._task
 
 
+def metric(ctl: Controller, name: str, **labels: str) -> float | None:
+    return ctl.metrics.registry.get_sample_value(name, labels)
+
+
 async def audit_actions(http: httpx.AsyncClient) -> list[tuple[str, str]]:
     return [(e["action"], e["target"]) for e in (await http.get("/admin/audit")).json()["data"]]
 
@@ -81,8 +85,12 @@ async def test_a_job_starts_for_an_opted_in_tenant_with_enough_samples_and_its_f
         job = await job_of(store, "alpha")
         assert job is not None and job.running and job.new_samples == 4 and job.started_by == "controller:ctl-a"
         assert job.drafter == f"alpha-{job.id}" and job.checkpoint.startswith(str(tmp_path / "drafters" / "alpha-"))
+        assert metric(ctl, "specgate_controller_training_running") == 1.0
         await ctl.tick()  # one job at a time: nothing new while it runs
         await wait_job(ctl)
+        assert metric(ctl, "specgate_controller_training_jobs_total", outcome="started") == 1.0
+        assert metric(ctl, "specgate_controller_training_jobs_total", outcome="failed") == 1.0
+        assert metric(ctl, "specgate_controller_training_jobs_total", outcome="succeeded") is None
 
         job = await job_of(store, "alpha")
         assert job.state == "failed" and job.finished_at is not None
@@ -95,6 +103,7 @@ async def test_a_job_starts_for_an_opted_in_tenant_with_enough_samples_and_its_f
         await ctl.tick()  # enough new samples, but the interval since the last job has not passed
         assert (await job_of(store, "alpha")).id == job.id
         assert "next in" in ctl.training.last_verdicts["alpha"].reason
+        assert metric(ctl, "specgate_controller_training_running") == 0.0
 
 
 async def test_an_admin_request_starts_a_job_on_the_next_tick(tmp_path, redis_url, redis_prefix):
