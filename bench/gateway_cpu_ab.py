@@ -1,0 +1,132 @@
+"""Gateway CPU per request, several source trees side by side (A B C, A B C, ...).
+
+Why a second overhead bench: `bench/gateway_overhead.py`'s saturated
+throughput rows divide the gateway's CPU time by what it served while the
+load generator, the backend and the gateway fight over two cores, and on
+this machine the same code moved from 523 to 715 µs per non-streaming
+request between two runs. Here the load is a closed loop well below
+saturation (8 requests in flight), the gateway and the fake backend are
+pinned to one core each, every tree serves the same requests, and the trees
+take turns `--rounds` times, so drift hits them alike; the figure is the
+gateway's own CPU time (utime + stime from /proc) per request, median and
+every round.
+
+    .venv/bin/python bench/gateway_cpu_ab.py --refs WORK,3ea302e --stream
+    .venv/bin/python bench/gateway_cpu_ab.py --refs WORK,HEAD~1 -n 4000
+
+`WORK` is this checkout as it is (uncommitted changes included); any other
+ref runs from a temporary git worktree. Needs Redis (--redis-url), as the
+gateway's budgets are on, like in gateway_overhead.py, whose helpers and
+configuration this reuses.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.gateway_overhead import (  # noqa: E402
+    CHAT,
+    KEY,
+    ROOT,
+    baseline_worktree,
+    cpu_seconds,
+    drop_worktree,
+    free_port,
+    pinned,
+    stop,
+    wait_http,
+    write_config,
+)
+
+
+async def closed_loop(url: str, n: int, stream: bool, in_flight: int) -> int:
+    """Send `n` chat completions, `in_flight` at a time; returns how many got a 200."""
+    import aiohttp
+
+    data = json.dumps(dict(CHAT, stream=True) if stream else CHAT).encode()
+    headers = {"content-type": "application/json", "authorization": f"Bearer {KEY}"}
+    ok = 0
+    async with aiohttp.ClientSession() as session:
+        gate = asyncio.Semaphore(in_flight)
+
+        async def one() -> None:
+            nonlocal ok
+            async with gate:
+                async with session.post(url + "/v1/chat/completions", data=data, headers=headers) as resp:
+                    await resp.read()
+                    ok += resp.status == 200
+
+        await asyncio.gather(*(one() for _ in range(n)))
+    return ok
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--refs", default="WORK,3ea302e", help="comma-separated trees: WORK (this checkout) or git refs")
+    ap.add_argument("-n", type=int, default=3000, help="requests per tree per round")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--in-flight", type=int, default=8)
+    ap.add_argument("--stream", action="store_true")
+    ap.add_argument("--redis-url", default="redis://127.0.0.1:6379/0")
+    ap.add_argument("--gateway-cpu", default="0")
+    ap.add_argument("--backend-cpu", default="1")
+    args = ap.parse_args()
+    refs = [r for r in args.refs.split(",") if r]
+
+    backend_port = free_port()
+    backend = subprocess.Popen(
+        pinned(args.backend_cpu, [sys.executable, "-m", "tests.support.fake_openai_backend", "--port", str(backend_port), "--spec", "--knobs"]),
+        cwd=ROOT, stdout=subprocess.DEVNULL,
+    )
+    trees: dict[str, Path] = {}
+    gateways: dict[str, tuple[subprocess.Popen, str]] = {}
+    try:
+        wait_http(f"http://127.0.0.1:{backend_port}/health")
+        for ref in refs:
+            trees[ref] = ROOT if ref == "WORK" else baseline_worktree(ref)
+            cfg = write_config(args, backend_port, f"cpu-ab-{ref}-{time.time()}", "aiohttp", 1.0)
+            port = free_port()
+            proc = subprocess.Popen(
+                pinned(args.gateway_cpu, [sys.executable, "-m", "specgate.cli", "gateway", "--config", cfg, "--port", str(port)]),
+                cwd=trees[ref], env={**os.environ, "PYTHONPATH": str(trees[ref])}, stdout=subprocess.DEVNULL,
+            )
+            gateways[ref] = (proc, f"http://127.0.0.1:{port}")
+            wait_http(f"http://127.0.0.1:{port}/health")
+            asyncio.run(closed_loop(gateways[ref][1], 500, args.stream, args.in_flight))  # warm
+        per_request: dict[str, list[float]] = {ref: [] for ref in refs}
+        for _ in range(args.rounds):
+            for ref in refs:
+                proc, url = gateways[ref]
+                before = cpu_seconds(proc.pid)
+                ok = asyncio.run(closed_loop(url, args.n, args.stream, args.in_flight))
+                per_request[ref].append(1e6 * (cpu_seconds(proc.pid) - before) / max(ok, 1))
+                if ok != args.n:
+                    print(f"{ref}: {args.n - ok} of {args.n} requests failed", file=sys.stderr)
+        kind = "stream" if args.stream else "non-stream"
+        first = statistics.median(per_request[refs[0]])
+        print(f"gateway CPU per {kind} request (µs), {args.n} requests x {args.rounds} rounds, {args.in_flight} in flight")
+        for ref in refs:
+            med = statistics.median(per_request[ref])
+            print(f"  {ref:12s} median {med:7.0f}  rounds {[round(x) for x in per_request[ref]]}  "
+                  f"{refs[0]} costs {first / med:.2f}x this")
+    finally:
+        for proc, _ in gateways.values():
+            stop(proc)
+        backend.terminate()
+        for ref, tree in trees.items():
+            if ref != "WORK":
+                drop_worktree(tree)
+
+
+if __name__ == "__main__":
+    main()
