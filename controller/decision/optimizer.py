@@ -125,9 +125,9 @@ class Optimizer:
         return 1000.0 * total / norm
 
     def share(self, t: str) -> float:
-        """Tenant t's share of the traffic on its replicas, as `fleet_goodput`
-        prices it (`priced_mix`: at least MIN_PRICED_SHARE on each), so that a
-        fleet gain divided by it is the tenant's own."""
+        """Tenant t's share of the traffic on the live replicas, as
+        `fleet_goodput` prices it (`priced_mix`: at least MIN_PRICED_SHARE on
+        each), so that a fleet gain divided by it is the tenant's own."""
         reps = self.ctx.live
         total = sum(max(r.batch, 1.0) for r in reps)
         if total <= 0:
