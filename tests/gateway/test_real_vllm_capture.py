@@ -13,6 +13,7 @@ tests/drafters/capture).
 from __future__ import annotations
 
 import httpx
+import orjson
 import pytest
 
 from contract.capture import CAPTURE_PARAMS_KEY
@@ -56,6 +57,15 @@ def _without_null_ids(data: bytes) -> list[dict]:
     return [drop(o) for o in _sse_objects(data)]
 
 
+def _text(data: bytes) -> str:
+    """The completion text of a whole body or a stream's events."""
+    objs = _sse_objects(data) if data.startswith(b"data:") else [orjson.loads(data)]
+    return "".join(
+        c.get("text") or (c.get("delta") or {}).get("content") or (c.get("message") or {}).get("content") or ""
+        for o in objs for c in o.get("choices") or []
+    )
+
+
 def _direct_ids(server, path: str, body: dict) -> tuple[list[int], list[int]]:
     """vLLM's own answer to the same request with `return_token_ids`."""
     obj = _post(server.url, path, {**body, "stream": False, "return_token_ids": True}).json()
@@ -80,11 +90,22 @@ def test_captured_ids_are_vllms_and_the_client_bytes_are_unchanged(start_gateway
                        [tenant("alpha", speculation=OPTED_IN), tenant("beta")], capture={"url": recorder.server.url})
     body = {"model": server.model, "max_tokens": 12, "temperature": 0, **extra}
     body.update({"messages": CHAT} if "chat" in path else {"prompt": PROMPT})
-    prompt_ids, completion_ids = _direct_ids(server, path, body)
-    for stream in (False, True):
-        b = {**body, "stream": stream}
-        captured = _normalised(_post(gw.url, path, b, KEYS["alpha"]).content)
-        plain = _normalised(_post(gw.url, path, b, KEYS["beta"]).content)
+    # The random-weight model's greedy choice can flip on a near-tie between two
+    # identical requests (seen once in a full run: alpha's and beta's streams
+    # differed in their text). That is the engine's, not the gateway's doing:
+    # the exchange is repeated until vLLM answered all four alike (at most 3 times).
+    for attempts in range(1, 4):
+        prompt_ids, completion_ids = _direct_ids(server, path, body)
+        answers = []
+        for stream in (False, True):
+            b = {**body, "stream": stream}
+            answers.append((stream, b, _post(gw.url, path, b, KEYS["alpha"]).content, _post(gw.url, path, b, KEYS["beta"]).content))
+        if len({_text(data) for _, _, c, p in answers for data in (c, p)}) == 1:
+            break
+    else:
+        pytest.fail("vLLM answered identical greedy requests differently 3 times")
+    for stream, b, captured, plain in answers:
+        captured, plain = _normalised(captured), _normalised(plain)
         if stream and extra:
             assert _without_null_ids(captured) == _without_null_ids(plain)
             assert len(captured.split(b"\n\n")) == len(plain.split(b"\n\n"))  # the same events
@@ -93,8 +114,10 @@ def test_captured_ids_are_vllms_and_the_client_bytes_are_unchanged(start_gateway
         assert b"token_ids\":[" not in captured
         if not stream:  # vLLM's own body without return_token_ids, through nothing
             assert captured == _normalised(_post(server.url, path, b).content)
-    wait_for(lambda: len(recorder.records) == 2, timeout=60)
+    wait_for(lambda: len(recorder.records) == 2 * attempts, timeout=60)
     for rec in recorder.records:
-        assert rec["body"]["prompt"] == prompt_ids + completion_ids
+        assert rec["body"]["prompt"][: len(prompt_ids)] == prompt_ids
         assert rec["body"]["kv_transfer_params"][CAPTURE_PARAMS_KEY] == {"tenant": "alpha", "prompt_tokens": len(prompt_ids)}
-    assert outcome(gw, "alpha", "sent") == 2
+    # The agreeing exchange's two captures are vLLM's own ids for the request.
+    assert sum(rec["body"]["prompt"] == prompt_ids + completion_ids for rec in recorder.records) >= 2
+    assert outcome(gw, "alpha", "sent") == 2 * attempts
