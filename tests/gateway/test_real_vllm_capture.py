@@ -84,7 +84,8 @@ def test_captured_ids_are_vllms_and_the_client_bytes_are_unchanged(start_gateway
     asked for; the ledger tap (gateway.splice, shared with stream
     continuation) leaves the injected ones out instead, so those events are
     equal as JSON once the null id keys are dropped (a documented deviation;
-    whole bodies are byte-exact)."""
+    whole bodies are byte-exact) -- and, rarely, cut at another token boundary
+    by vLLM itself when ids were asked for (the same text in one more event)."""
     server = vllm_plain_server
     gw = start_gateway([{"url": server.url, "name": "plain", "profile": "off"}],
                        [tenant("alpha", speculation=OPTED_IN), tenant("beta")], capture={"url": recorder.server.url})
@@ -107,8 +108,16 @@ def test_captured_ids_are_vllms_and_the_client_bytes_are_unchanged(start_gateway
     for stream, b, captured, plain in answers:
         captured, plain = _normalised(captured), _normalised(plain)
         if stream and extra:
-            assert _without_null_ids(captured) == _without_null_ids(plain)
-            assert len(captured.split(b"\n\n")) == len(plain.split(b"\n\n"))  # the same events
+            # vLLM cuts a stream into events at token boundaries, and with ids asked for it
+            # sends a token whose text it would otherwise hold back with the next one (seen
+            # once: "...6" + "ntro" against "...6ntro"); so the same text, finish and usage,
+            # and the same events wherever vLLM cut them alike.
+            got, want = _without_null_ids(captured), _without_null_ids(plain)
+            assert _text(captured) == _text(plain)
+            assert [c["finish_reason"] for o in got for c in o["choices"]][-1:] == [c["finish_reason"] for o in want for c in o["choices"]][-1:]
+            assert [o.get("usage") for o in got if not o["choices"]] == [o.get("usage") for o in want if not o["choices"]]
+            if len(got) == len(want):
+                assert got == want
         else:
             assert captured == plain  # byte-for-byte, response id and timestamp aside
         assert b"token_ids\":[" not in captured
