@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -43,6 +42,7 @@ from bench.gateway_overhead import (  # noqa: E402
     drop_worktree,
     free_port,
     pinned,
+    start_gateway,
     stop,
     wait_http,
     write_config,
@@ -96,12 +96,7 @@ def main() -> None:
             trees[ref] = ROOT if ref == "WORK" else baseline_worktree(ref)
             cfg = write_config(args, backend_port, f"cpu-ab-{ref}-{time.time()}", "aiohttp", 1.0)
             port = free_port()
-            proc = subprocess.Popen(
-                pinned(args.gateway_cpu, [sys.executable, "-m", "specgate.cli", "gateway", "--config", cfg, "--port", str(port)]),
-                cwd=trees[ref], env={**os.environ, "PYTHONPATH": str(trees[ref])}, stdout=subprocess.DEVNULL,
-            )
-            gateways[ref] = (proc, f"http://127.0.0.1:{port}")
-            wait_http(f"http://127.0.0.1:{port}/health")
+            gateways[ref] = (start_gateway(args, cfg, port, trees[ref]), f"http://127.0.0.1:{port}")
             asyncio.run(closed_loop(gateways[ref][1], 500, args.stream, args.in_flight))  # warm
         per_request: dict[str, list[float]] = {ref: [] for ref in refs}
         for _ in range(args.rounds):
