@@ -299,16 +299,18 @@ def write_config(args, backend_port: int, prefix: str, upstream: str, sample_rat
     return cfg.name
 
 
-def start_gateway(args, cfg: str, port: int, root: Path = ROOT) -> subprocess.Popen:
+def start_gateway(args, cfg: str, port: int, root: Path = ROOT, wrap=None, up_timeout: float = 30.0) -> subprocess.Popen:
     """The gateway from `root` (this checkout, or the baseline's worktree:
-    `python -m` with that cwd and PYTHONPATH imports its packages first)."""
+    `python -m` with that cwd and PYTHONPATH imports its packages first);
+    `wrap` prefixes the command (a profiler)."""
+    argv = [sys.executable, "-m", "specgate.cli", "gateway", "--config", cfg, "--port", str(port)]
     proc = subprocess.Popen(
-        pinned(args.gateway_cpu, [sys.executable, "-m", "specgate.cli", "gateway", "--config", cfg, "--port", str(port)]),
+        pinned(args.gateway_cpu, wrap(argv) if wrap else argv),
         stdout=subprocess.DEVNULL,
         cwd=root,
         env={**os.environ, "PYTHONPATH": str(root)},
     )
-    wait_http(f"http://127.0.0.1:{port}/health")
+    wait_http(f"http://127.0.0.1:{port}/health", timeout=up_timeout)
     return proc
 
 
