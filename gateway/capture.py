@@ -117,7 +117,7 @@ class CapturePlan:
     label: str  # the tenant's metrics label
     model: str  # the request's model
     limit: int  # the tenant's max_per_hour, as of the decision
-    ledger: StreamLedger | None = None  # a stream: what the client was sent, ids included
+    ledger: StreamLedger | None = None  # a stream: what the client was sent, ids included (complete after tap.settle())
     tap: Any = None  # ... and the tap that read it (`saw_done`, `error`: the stream's end as relayed)
     broken: bool = False  # the stream broke mid-way (continued or ended with an error event)
     whole: tuple[list[int], list[int], str | None] | None = field(default=None)  # a whole body: (prompt, completion, finish)
@@ -158,9 +158,11 @@ def stream_sample(plan: CapturePlan, usage: Any, continued: bool) -> tuple[list[
     """A finished stream's (prompt ids, completion ids), or None: not a sample
     (broken, continued on another replica, no [DONE], not finished, ids
     missing or disagreeing with usage)."""
-    ledger = plan.ledger
     tap = plan.tap
-    if ledger is None or tap is None or continued or plan.broken or ledger.prompt_ids is None:
+    if plan.ledger is None or tap is None or continued or plan.broken:
+        return None
+    ledger = tap.settle()  # the tap records the events it relayed only when asked
+    if ledger.prompt_ids is None:
         return None
     if not tap.saw_done or tap.error is not None:  # the relayed stream did not end as a whole one does
         return None

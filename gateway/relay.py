@@ -369,7 +369,7 @@ async def _relay_stream(state: RequestPathState, ctx: RequestContext, resp, chun
     if ended is not None and not tap.saw_done:
         if ended != "shutdown" and state.settings.gateway.max_continuations > 0:
             if req is not None:
-                if await continue_stream(state, ctx, req, ledger, replica, ranked, send, _perf()):
+                if await continue_stream(state, ctx, req, tap.settle(), replica, ranked, send, _perf()):
                     return
             else:
                 not_continued(metrics, ctx, "unsupported", bodies.not_continuable)

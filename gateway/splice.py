@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 from typing import Any
 
@@ -50,13 +51,18 @@ _perf = time.perf_counter
 
 def _events(tap, data: bytes):
     """Complete SSE events of `data` (an incomplete trailing one is kept in `tap._buf`)."""
-    buf = tap._buf + data if tap._buf else data
-    end = buf.rfind(_SEP)
+    if tap._buf:
+        data = tap._buf + data
+    elif data.endswith(_SEP):  # the usual read: whole events, nothing left over (no copies)
+        events = data.split(_SEP)
+        events.pop()
+        return events if all(events) else [e for e in events if e]
+    end = data.rfind(_SEP)
     if end < 0:
-        tap._buf = buf
+        tap._buf = data
         return ()
     end += 2
-    ready, tap._buf = buf[:end], buf[end:]
+    ready, tap._buf = data[:end], data[end:]
     return [e for e in ready.split(_SEP) if e]
 
 
@@ -79,6 +85,43 @@ def _payload(event: bytes) -> Any:
         return None
 
 
+# One mid-stream token chunk in vLLM's one-line layout, ids asked for (the
+# common event of a continuable stream): one choice, only `content` in the
+# delta (chat), no logprobs, no finish_reason, the ids last. Matched from the
+# choice to the event's end (found with rfind, so the engine never scans).
+_CHAT_CHOICE = b'[{"index":0,"delta":{"content":"'
+_CHAT_TOKEN = re.compile(
+    rb'\[\{"index":0,"delta":\{"content":"(?:[^"\\\n]|\\.)*"\},"logprobs":null,"finish_reason":null'
+    rb'(,"token_ids":\[[0-9,]*\])\}\]\}'
+)
+_TEXT_CHOICE = b'[{"index":0,"text":"'
+_TEXT_TOKEN = re.compile(
+    rb'\[\{"index":0,"text":"(?:[^"\\\n]|\\.)*","logprobs":null,"finish_reason":null,"stop_reason":null'
+    rb'(,"prompt_token_ids":null,"token_ids":\[[0-9,]*\])\}\]\}'
+)
+_AFTER_IDS = b"}]}\n\n"
+
+
+def token_event_ids_at(buf: bytes, chat: bool, start: int, end: int) -> int | None:
+    """Where the ids field starts (it runs to `end` - 3) if `buf[start:end]`
+    (one SSE event, without its blank line) is a mid-stream token chunk in
+    vLLM's layout; None for any other event, which the parser handles. Cut
+    there, the event is what re-serialising the parsed chunk without its ids
+    gives (a completion chunk's `"prompt_token_ids":null` goes with them)."""
+    if not buf.startswith(b"data: {", start):
+        return None
+    choice, pattern = (_CHAT_CHOICE, _CHAT_TOKEN) if chat else (_TEXT_CHOICE, _TEXT_TOKEN)
+    at = buf.rfind(choice, start, end)
+    if at < 0 or buf.find(b"\n", start, at) >= 0:  # not there, or an event of several data lines
+        return None
+    m = pattern.fullmatch(buf, at, end)
+    return m.start(1) if m is not None else None
+
+
+# Raw reads kept for the ledger before they are parsed into it (see LedgerTap.settle).
+MAX_UNSETTLED_BYTES = 64 * 1024
+
+
 def _is_error(obj: Any) -> bool:
     return isinstance(obj, dict) and "error" in obj and "choices" not in obj
 
@@ -93,10 +136,23 @@ class LedgerTap:
     be continued, a capture candidate), plus the ledger. `hold_errors`: an
     engine error event is noted and not forwarded (the relay continues the
     stream instead); without it the event and what follows are forwarded, as
-    `StreamTap` does."""
+    `StreamTap` does.
+
+    The ledger is filled lazily: the reads are kept raw (at most
+    MAX_UNSETTLED_BYTES, then parsed into the ledger) and parsed only when
+    someone needs the ledger -- `settle()`, called where a stream is
+    continued or captured. A stream that ends whole is never
+    parsed event by event: a read that is one mid-stream token chunk in
+    vLLM's layout is forwarded with the ids cut out of its bytes
+    (`token_event_ids_at`), and only the first chunk, the last, the usage
+    chunk, reads of several events and anything unusual go through the
+    parser for what the client is sent. Why: every
+    token of every continuable stream passes here, and parsing, editing and
+    re-serialising each event made such a stream ~25 % dearer in gateway
+    CPU than one relayed untouched (docs/gateway.md#performance)."""
 
     __slots__ = ("strip_usage", "strip_ids", "chat", "ledger", "hold_errors", "_buf", "usage", "metrics", "events",
-                 "saw_done", "error")
+                 "saw_done", "error", "_unsettled", "_unsettled_bytes")
 
     def __init__(self, strip_usage: bool, strip_ids: bool, chat: bool, ledger: StreamLedger, hold_errors: bool = True) -> None:
         self.strip_usage, self.strip_ids, self.chat, self.ledger = strip_usage, strip_ids, chat, ledger
@@ -107,43 +163,95 @@ class LedgerTap:
         self.events = 0
         self.saw_done = False
         self.error: dict[str, Any] | None = None  # an engine error event the replica sent mid-stream
+        self._unsettled: list[bytes] = []  # the reads relayed and not yet recorded in the ledger (whole events)
+        self._unsettled_bytes = 0
 
     def feed(self, data: bytes) -> bytes:
-        out = []
-        for event in _events(self, data):
-            self.events += 1
-            if self.error is not None and self.hold_errors:
+        if self._buf:
+            data, self._buf = self._buf + data, b""
+        end = data.rfind(_SEP)
+        if end < 0:
+            self._buf = data
+            return b""
+        if end + 2 < len(data):
+            data, self._buf = data[:end + 2], data[end + 2:]
+        if self.error is None or not self.hold_errors:  # what follows a held error is dropped, not recorded
+            self._unsettled.append(data)
+            self._unsettled_bytes += len(data)
+            if self._unsettled_bytes > MAX_UNSETTLED_BYTES:  # a long stream: parsed as it goes, in batches
+                self.settle()
+        out: list[bytes] = []
+        pos, size = 0, len(data)
+        while pos < size:
+            end = data.find(_SEP, pos)
+            start, pos = pos, end + 2
+            if end == start:
                 continue
-            obj = _payload(event)
-            if obj == b"[DONE]":
-                self.saw_done = True
+            self.events += 1
+            if self.error is not None:
+                if self.hold_errors:
+                    continue
+            else:
+                at = token_event_ids_at(data, self.chat, start, end)
+                if at is not None:
+                    if self.strip_ids:
+                        out.append(data[start:at])
+                        out.append(_AFTER_IDS)
+                    else:
+                        out.append(data[start:pos])
+                    continue
+            event = self._parsed(data[start:end])
+            if event is not None:
+                out.append(event)
+                out.append(_SEP)
+        return b"".join(out)
+
+    def _parsed(self, event: bytes) -> bytes | None:
+        """What the client is sent of one event, read as JSON (None: nothing)."""
+        obj = _payload(event)
+        if type(obj) is dict:
+            choices = obj.get("choices")
+            if choices:
+                kept = self._strip(obj, choices)
+                if kept is None:
+                    return None
+                if kept:
+                    return b"data: " + orjson.dumps(obj)
             elif _is_error(obj):
                 self.error = obj
                 if self.hold_errors:
-                    continue
-            elif isinstance(obj, dict):
-                if _is_usage(obj):
-                    self.usage = obj["usage"]
-                    if isinstance(obj.get("metrics"), dict):
-                        self.metrics = obj["metrics"]
-                    if self.strip_usage:
-                        continue
-                elif obj.get("choices"):
-                    kept = self._take(obj)
-                    if kept is None:
-                        continue
-                    if kept:
-                        event = b"data: " + orjson.dumps(obj)
-            out.append(event)
-            out.append(_SEP)
-        return b"".join(out)
+                    return None
+            elif _is_usage(obj):
+                self.usage = obj["usage"]
+                if isinstance(obj.get("metrics"), dict):
+                    self.metrics = obj["metrics"]
+                if self.strip_usage:
+                    return None
+        elif obj == b"[DONE]":
+            self.saw_done = True
+        return event
 
-    def _take(self, obj: dict) -> bool | None:
-        """Record a choice chunk; True: it was changed (re-serialise), None: drop it."""
-        ledger, c = self.ledger, obj["choices"][0]
-        if not isinstance(c, dict):
+    def settle(self) -> StreamLedger:
+        """The ledger with every choice chunk relayed so far recorded in it."""
+        unsettled, self._unsettled, self._unsettled_bytes = self._unsettled, [], 0
+        for block in unsettled:
+            for event in block.split(_SEP):
+                obj = _payload(event) if event else None
+                if type(obj) is not dict:
+                    continue
+                if obj.get("choices"):
+                    self._record(obj, obj["choices"])
+                elif self.hold_errors and _is_error(obj):
+                    return self.ledger  # the stream ended there (what came after it was not relayed)
+        return self.ledger
+
+    def _record(self, obj: dict, choices: Any) -> None:
+        """A choice chunk into the ledger: ids, text, finish, what blocks a continuation."""
+        ledger = self.ledger
+        c = choices[0] if type(choices) is list else None
+        if type(c) is not dict:
             ledger.blocked = "unexpected chunk shape"
-            return False
+            return
         ledger.identify(obj)
         if ledger.prompt_ids is None:
             pids = obj.get("prompt_token_ids") if self.chat else c.get("prompt_token_ids")
@@ -164,7 +272,11 @@ class LedgerTap:
         ledger.took(ids, text)
         if c.get("finish_reason") is not None:
             ledger.finish_reason = c["finish_reason"]
-        if not self.strip_ids:
+
+    def _strip(self, obj: dict, choices: Any) -> bool | None:
+        """What the client is sent of a choice chunk: True: changed (re-serialise), None: drop it."""
+        c = choices[0] if type(choices) is list else None
+        if not self.strip_ids or type(c) is not dict:
             return False
         changed = obj.pop("prompt_token_ids", None) is not None
         changed = c.pop("prompt_token_ids", None) is not None or changed

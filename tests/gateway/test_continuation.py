@@ -7,6 +7,7 @@ from __future__ import annotations
 import orjson
 import pytest
 
+from gateway import splice
 from gateway.continuation import (
     StopAcrossSplice,
     StreamLedger,
@@ -130,14 +131,144 @@ def test_ledger_tap_records_ids_and_strips_them_for_the_client():
         {**tok, "choices": [{k: v for k, v in tok["choices"][0].items() if k != "token_ids"}]},
     ]  # the empty delta existed only for its ids; the usage chunk was asked for by the gateway
     assert events[-1] == b"data: [DONE]" and tap.saw_done
+    assert tap.settle() is led
     assert (led.id, led.created, led.model, led.prompt_ids, led.sent_ids, led.sent_text) == ("c1", 5, "m", [1, 2], [42, 43], " hi")
     assert tap.usage == usage["usage"]
+
+
+# Events as vLLM 0.32 (CPU) wrote them with return_token_ids (recorded from a
+# real server): the role chunk, token chunks (an escaped control character,
+# non-ASCII text, an escaped quote), the final chunk, usage.
+VLLM_CHAT = [
+    b'data: {"id":"chatcmpl-9fd3","object":"chat.completion.chunk","created":1796184802,"model":"tiny-qwen3","choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}],"prompt_token_ids":[1,501,201],"prompt_text":null}',
+    b'data: {"id":"chatcmpl-9fd3","object":"chat.completion.chunk","created":1796184802,"model":"tiny-qwen3","choices":[{"index":0,"delta":{"content":""},"logprobs":null,"finish_reason":null,"token_ids":[258]}]}',
+    b'data: {"id":"chatcmpl-9fd3","object":"chat.completion.chunk","created":1796184802,"model":"tiny-qwen3","choices":[{"index":0,"delta":{"content":"\xef\xbf\xbd_\xc3\xa9"},"logprobs":null,"finish_reason":null,"token_ids":[65,66]}]}',
+    b'data: {"id":"chatcmpl-9fd3","object":"chat.completion.chunk","created":1796184802,"model":"tiny-qwen3","choices":[{"index":0,"delta":{"content":"a\\u0006\\\\n"},"logprobs":null,"finish_reason":null,"token_ids":[22]}]}',
+    b'data: {"id":"chatcmpl-9fd3","object":"chat.completion.chunk","created":1796184802,"model":"tiny-qwen3","choices":[{"index":0,"delta":{"content":"say \\"hi\\""},"logprobs":null,"finish_reason":null,"token_ids":[23]}]}',
+    b'data: {"id":"chatcmpl-9fd3","object":"chat.completion.chunk","created":1796184802,"model":"tiny-qwen3","choices":[{"index":0,"delta":{"content":"\\u0006"},"logprobs":null,"finish_reason":"length","stop_reason":null,"token_ids":[197]}]}',
+    b'data: {"id":"chatcmpl-9fd3","object":"chat.completion.chunk","created":1796184802,"model":"tiny-qwen3","choices":[],"usage":{"prompt_tokens":3,"total_tokens":8,"completion_tokens":5},"system_fingerprint":"vllm-0.32.0-62fcfad7"}',
+    b"data: [DONE]",
+]
+VLLM_COMPLETIONS = [
+    b'data: {"id":"cmpl-9b6c","object":"text_completion","created":1796184765,"model":"tiny-qwen3","choices":[{"index":0,"text":" user","logprobs":null,"finish_reason":null,"stop_reason":null,"prompt_token_ids":[74,308,535,259],"token_ids":[503]}]}',
+    b'data: {"id":"cmpl-9b6c","object":"text_completion","created":1796184765,"model":"tiny-qwen3","choices":[{"index":0,"text":"World","logprobs":null,"finish_reason":null,"stop_reason":null,"prompt_token_ids":null,"token_ids":[598]}]}',
+    b'data: {"id":"cmpl-9b6c","object":"text_completion","created":1796184765,"model":"tiny-qwen3","choices":[{"index":0,"text":"","logprobs":null,"finish_reason":null,"stop_reason":null,"prompt_token_ids":null,"token_ids":[228,229]}]}',
+    b'data: {"id":"cmpl-9b6c","object":"text_completion","created":1796184765,"model":"tiny-qwen3","choices":[{"index":0,"text":"\xef\xbf\xbdgh","logprobs":null,"finish_reason":"length","stop_reason":null,"prompt_token_ids":null,"token_ids":[290]}]}',
+    b'data: {"id":"cmpl-9b6c","object":"text_completion","created":1796184765,"model":"tiny-qwen3","choices":[],"usage":{"prompt_tokens":4,"total_tokens":9,"completion_tokens":5},"system_fingerprint":"vllm-0.32.0-62fcfad7"}',
+    b"data: [DONE]",
+]
+
+
+def _client_event(event: bytes) -> bytes | None:
+    """What the client gets of one recorded event (the parser's answer): ids
+    popped and re-serialised, the gateway's usage chunk dropped."""
+    if event == b"data: [DONE]":
+        return event
+    obj = orjson.loads(event[6:])
+    if obj["choices"] == []:
+        return None
+    obj.pop("prompt_token_ids", None)
+    obj["choices"][0].pop("prompt_token_ids", None)
+    obj["choices"][0].pop("token_ids", None)
+    return b"data: " + orjson.dumps(obj)
+
+
+def _reads(raw: bytes, how: str) -> list[bytes]:
+    if how == "per event":
+        return [e + b"\n\n" for e in raw.split(b"\n\n") if e]
+    if how == "whole":
+        return [raw]
+    if how == "tokens in one read":  # what a busy gateway reads: several token chunks at once
+        events = [e + b"\n\n" for e in raw.split(b"\n\n") if e]
+        return [events[0], b"".join(events[1:-3]), *events[-3:]]
+    return [raw[i:i + 97] for i in range(0, len(raw), 97)]
+
+
+@pytest.mark.parametrize("how", ["per event", "tokens in one read", "97-byte reads", "whole"])
+@pytest.mark.parametrize("chat,events", [(True, VLLM_CHAT), (False, VLLM_COMPLETIONS)], ids=["chat", "completions"])
+@pytest.mark.parametrize("strip_ids", [True, False])
+def test_ledger_tap_relays_and_records_vllm_streams_as_parsing_each_event_would(monkeypatch, chat, events, strip_ids, how):
+    raw = b"".join(e + b"\n\n" for e in events)
+    parsed = [0]
+    real_payload = splice._payload
+
+    def counting_payload(event):
+        parsed[0] += 1
+        return real_payload(event)
+
+    monkeypatch.setattr(splice, "_payload", counting_payload)
+    led = StreamLedger()
+    tap = LedgerTap(strip_usage=True, strip_ids=strip_ids, chat=chat, ledger=led)
+    out = b"".join(tap.feed(r) for r in _reads(raw, how))
+    parsed_while_relaying = parsed[0]
+
+    if strip_ids:
+        expected = [c for c in map(_client_event, events) if c is not None]
+    else:
+        expected = [e for e in events if b'"choices":[]' not in e]
+    assert [e for e in out.split(b"\n\n") if e] == expected
+    assert tap.saw_done and tap.usage == orjson.loads(events[-2][6:])["usage"] and tap.events == len(events)
+    choices = [orjson.loads(e[6:]) for e in events[:-2]]
+    first = choices[0] if chat else choices[0]["choices"][0]
+    settled = tap.settle()
+    assert settled is led
+    assert led.id == choices[0]["id"] and led.prompt_ids == first["prompt_token_ids"]
+    assert led.sent_ids == [i for c in choices for i in c["choices"][0].get("token_ids", [])]
+    assert led.sent_text == "".join((c["choices"][0]["delta"].get("content") if chat else c["choices"][0]["text"]) for c in choices)
+    assert led.finish_reason == "length" and led.why_not() is None
+    # Only the first chunk, the last, usage and [DONE] were parsed to relay them;
+    # the mid-stream token chunks were relayed off their bytes, however they were read.
+    assert parsed_while_relaying == 4
+    assert tap.settle().sent_ids == led.sent_ids  # settling twice records nothing twice
+
+
+def test_ledger_tap_keeps_a_bounded_backlog_of_unparsed_events():
+    head = b'data: {"id":"cmpl-1","object":"text_completion","created":1,"model":"m","choices":[{"index":0,"text":"a","logprobs":null,"finish_reason":null,"stop_reason":null,"prompt_token_ids":[7],"token_ids":[1]}]}\n\n'
+    tok = b'data: {"id":"cmpl-1","object":"text_completion","created":1,"model":"m","choices":[{"index":0,"text":"b","logprobs":null,"finish_reason":null,"stop_reason":null,"prompt_token_ids":null,"token_ids":[2]}]}\n\n'
+    tap = LedgerTap(strip_usage=False, strip_ids=True, chat=False, ledger=StreamLedger())
+    tap.feed(head)
+    n = 3 * splice.MAX_UNSETTLED_BYTES // len(tok)
+    for _ in range(n):
+        assert tap.feed(tok) == tok.replace(b',"prompt_token_ids":null,"token_ids":[2]', b"")
+        assert tap._unsettled_bytes <= splice.MAX_UNSETTLED_BYTES
+    assert len(tap.ledger.sent_ids) > n // 2  # settled in batches along the way
+    assert tap.settle().sent_ids == [1] + [2] * n and tap.ledger.sent_text == "a" + "b" * n
+
+
+@pytest.mark.parametrize("read", [
+    # two choices: the ids of the first are not at the event's end (the parser strips
+    # the first choice's only: a stream of n > 1 is never continued)
+    b'data: {"id":"c","choices":[{"index":0,"delta":{"content":"a"},"logprobs":null,"finish_reason":null,"token_ids":[1]},{"index":1,"delta":{"content":"b"},"logprobs":null,"finish_reason":null,"token_ids":[2]}]}\n\n',
+    # ids withheld (null): nothing to cut, the event is forwarded as the parser leaves it
+    b'data: {"id":"c","choices":[{"index":0,"delta":{"content":"a"},"logprobs":null,"finish_reason":null,"token_ids":null}]}\n\n',
+    # an event spread over two data lines
+    b'data: {"id":"c","choices":[{"index":0,"delta":{"content":"a"},\ndata: "logprobs":null,"finish_reason":null,"token_ids":[1]}]}\n\n',
+])
+def test_reads_the_byte_path_cannot_cut_exactly_go_through_the_parser(read):
+    parser = LedgerTap(strip_usage=False, strip_ids=True, chat=True, ledger=StreamLedger())
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(splice, "token_event_ids_at", lambda *args: None)  # every event parsed
+        expected = parser.feed(read)
+    assert expected != read or b'"token_ids":null' in read  # the parser did change it (or had nothing to cut)
+    tap = LedgerTap(strip_usage=False, strip_ids=True, chat=True, ledger=StreamLedger())
+    assert tap.feed(read) == expected
+    assert tap.settle().sent_text == parser.settle().sent_text == "a"
 
 
 def test_ledger_tap_notes_an_engine_error_event_instead_of_forwarding_it():
     tap = LedgerTap(strip_usage=False, strip_ids=False, chat=False, ledger=StreamLedger())
     assert tap.feed(sse({"error": {"message": "engine died", "code": 500}})) == b""
     assert tap.error["error"]["message"] == "engine died"
+
+
+@pytest.mark.parametrize("hold_errors", [True, False])
+def test_the_ledger_ends_where_a_held_engine_error_ended_the_stream(hold_errors):
+    error = b'data: {"error":{"message":"engine died","code":500}}\n\n'
+    first, token, late = VLLM_COMPLETIONS[0] + b"\n\n", VLLM_COMPLETIONS[1] + b"\n\n", VLLM_COMPLETIONS[2] + b"\n\n"
+    tap = LedgerTap(strip_usage=False, strip_ids=True, chat=False, ledger=StreamLedger(), hold_errors=hold_errors)
+    out = tap.feed(first + token + error + late) + tap.feed(late)
+    assert tap.error is not None and (error in out) is not hold_errors
+    assert tap.settle().sent_ids == ([503, 598] if hold_errors else [503, 598, 228, 229, 228, 229])
 
 
 def test_continuation_tap_rewrites_completion_chunks_into_the_clients_chat_stream():
