@@ -166,6 +166,12 @@ class Controller:
         # standby that took over meanwhile and this instance would both publish.
         if not await self._lead():
             return None
+        if await load_overrides(self.store) != overrides:
+            # An admin pinned or released a tenant while this tick decided; the
+            # admin API has published that pin already, and publishing this
+            # decision (made without it) would undo it until the next tick.
+            log.info("overrides changed while the controller decided; this tick's decision is not published")
+            return None
         await self._actuate(decision, paused, now)
         self.ticks += 1
         if self.on_tick is not None:

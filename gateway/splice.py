@@ -141,15 +141,15 @@ class LedgerTap:
     The ledger is filled lazily: the reads are kept raw (at most
     MAX_UNSETTLED_BYTES, then parsed into the ledger) and parsed only when
     someone needs the ledger -- `settle()`, called where a stream is
-    continued or captured. A stream that ends whole is never
-    parsed event by event: a read that is one mid-stream token chunk in
-    vLLM's layout is forwarded with the ids cut out of its bytes
-    (`token_event_ids_at`), and only the first chunk, the last, the usage
-    chunk, reads of several events and anything unusual go through the
-    parser for what the client is sent. Why: every
-    token of every continuable stream passes here, and parsing, editing and
-    re-serialising each event made such a stream ~25 % dearer in gateway
-    CPU than one relayed untouched (docs/gateway.md#performance)."""
+    continued or captured. A stream that ends whole is never parsed event
+    by event: a mid-stream token chunk in vLLM's layout is forwarded with
+    its ids cut out of the bytes (`token_event_ids_at`), however the reads
+    group the events, and only the first chunk, the last, the usage chunk
+    and anything unusual go through the parser for what the client is
+    sent. Why: every token of every continuable stream passes here, and
+    parsing, editing and re-serialising each event made such a stream ~25 %
+    dearer in gateway instructions than one relayed untouched
+    (docs/gateway.md#performance)."""
 
     __slots__ = ("strip_usage", "strip_ids", "chat", "ledger", "hold_errors", "_buf", "usage", "metrics", "events",
                  "saw_done", "error", "_unsettled", "_unsettled_bytes")

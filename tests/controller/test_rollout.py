@@ -247,3 +247,27 @@ async def test_an_aborted_canary_is_cleared_and_may_run_again(redis_url, redis_p
         assert r.status_code == 200
         d = (await http.get("/admin/tenants/alpha/drafter")).json()
         assert d["state"] == "canary" and [p["state"] for p in d["past"]] == ["aborted"]
+
+
+async def test_an_override_made_while_the_controller_decides_is_not_undone_by_that_tick(redis_url, redis_prefix):
+    """The admin API publishes a pin at once; a tick that loaded the overrides
+    before it and publishes after it must not put the tenant back (seen once
+    in tests/controller/test_admin.py: the pin undone for a tick)."""
+    async with rig(redis_url, redis_prefix) as (settings, store, ctl, http):
+        assert await ctl.tick() is not None
+        assert (await policy(store, "alpha")).enabled
+        lead = ctl._lead
+
+        async def admin_pins_alpha_then_lead() -> bool:  # between the decision and its publication
+            r = await http.put("/admin/tenants/alpha/override", json={"mode": "off", "note": "incident"})
+            assert r.status_code == 200 and r.json()["applied"]["policy"]["enabled"] is False, r.text
+            return await lead()
+
+        ctl._lead = admin_pins_alpha_then_lead
+        assert await ctl.tick() is None  # decided without the pin: not published
+        pinned = await policy(store, "alpha")
+        assert not pinned.enabled and pinned.source == "admin"
+        ctl._lead = lead
+        assert await ctl.tick() is not None
+        after = await policy(store, "alpha")
+        assert not after.enabled and after.source == "admin"
