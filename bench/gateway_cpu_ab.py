@@ -150,13 +150,19 @@ def count_instructions(args, refs: list[str], trees: dict[str, Path], backend_po
                     print(f"{ref}: {args.n - ok} of {args.n} requests failed", file=sys.stderr)
         finally:
             stop(proc)
+    report(args, refs, per_request, "instructions per {kind} request (callgrind Ir, idle subtracted)",
+           lambda x: f"{x / 1e6:8.3f} M", lambda ref: f"idle {idle_rate[ref] / 1e6:.1f} M/s  ")
+
+
+def report(args, refs: list[str], per_request: dict[str, list[float]], what: str, fmt, extra=lambda ref: "") -> None:
+    """One line per tree: the median, every round, and the first tree's ratio to it."""
     kind = "stream" if args.stream else "non-stream"
     first = statistics.median(per_request[refs[0]])
-    print(f"gateway instructions per {kind} request (callgrind Ir, idle subtracted), {args.n} requests x {args.rounds} rounds, {args.in_flight} in flight")
+    print(f"gateway {what.format(kind=kind)}, {args.n} requests x {args.rounds} rounds, {args.in_flight} in flight")
     for ref in refs:
         med = statistics.median(per_request[ref])
-        print(f"  {ref:12s} median {med / 1e6:8.3f} M  rounds {[round(x / 1e6, 3) for x in per_request[ref]]}  "
-              f"idle {idle_rate[ref] / 1e6:.1f} M/s  {refs[0]} costs {first / med:.3f}x this")
+        print(f"  {ref:12s} median {fmt(med)}  rounds [{', '.join(fmt(x).strip() for x in per_request[ref])}]  "
+              f"{extra(ref)}{refs[0]} costs {first / med:.3f}x this")
 
 
 def main() -> None:
@@ -183,13 +189,12 @@ def main() -> None:
     gateways: dict[str, tuple[subprocess.Popen, str]] = {}
     try:
         wait_http(f"http://127.0.0.1:{backend_port}/health")
+        for ref in refs:
+            trees[ref] = ROOT if ref == "WORK" else baseline_worktree(ref)
         if args.instructions:
-            for ref in refs:
-                trees[ref] = ROOT if ref == "WORK" else baseline_worktree(ref)
             count_instructions(args, refs, trees, backend_port)
             return
         for ref in refs:
-            trees[ref] = ROOT if ref == "WORK" else baseline_worktree(ref)
             cfg = write_config(args, backend_port, f"cpu-ab-{ref}-{time.time()}", "aiohttp", 1.0)
             port = free_port()
             gateways[ref] = (start_gateway(args, cfg, port, trees[ref]), f"http://127.0.0.1:{port}")
@@ -203,13 +208,7 @@ def main() -> None:
                 per_request[ref].append(1e6 * (cpu_seconds(proc.pid) - before) / max(ok, 1))
                 if ok != args.n:
                     print(f"{ref}: {args.n - ok} of {args.n} requests failed", file=sys.stderr)
-        kind = "stream" if args.stream else "non-stream"
-        first = statistics.median(per_request[refs[0]])
-        print(f"gateway CPU per {kind} request (µs), {args.n} requests x {args.rounds} rounds, {args.in_flight} in flight")
-        for ref in refs:
-            med = statistics.median(per_request[ref])
-            print(f"  {ref:12s} median {med:7.0f}  rounds {[round(x) for x in per_request[ref]]}  "
-                  f"{refs[0]} costs {first / med:.2f}x this")
+        report(args, refs, per_request, "CPU per {kind} request (µs)", lambda x: f"{x:7.0f}")
     finally:
         for proc, _ in gateways.values():
             stop(proc)
