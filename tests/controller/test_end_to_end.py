@@ -104,6 +104,14 @@ async def test_load_step_turns_speculation_off_within_two_ticks_and_back_on(stac
             assert all(h["reason"] for h in history)
 
 
+# Why beta runs the `creative` workload (a weak drafter: acceptance falls fast
+# along the block) and not `chat`: between code (a ~0.82) and chat (a ~0.73) the
+# H200 model's goodput separates the two tenants' best caps by 5-7 % at this
+# batch (B=6: alpha full / beta 8 is 7 % above both at 8), inside the
+# hysteresis margin and the wall-clock step noise of a shared 2-core box; CI
+# saw both settle at 8 for a whole minute, which is the controller rightly not
+# chasing a gain that small. Against `creative` beta's shorter cap is worth
+# ~25 % (measured: "k full->4: predicted goodput +24.6% (strong)").
 async def test_per_tenant_tuning_settles_on_different_draft_lengths(stack_factory, redis_url, redis_prefix):
     async with stack_factory(["dspark-b16"]) as st:
         async with running_controller(st.settings, redis_url, redis_prefix) as (ctrl, ticks):
@@ -115,7 +123,7 @@ async def test_per_tenant_tuning_settles_on_different_draft_lengths(stack_factor
                     await ask(c, workload, max_tokens=64)
 
             workers = [asyncio.create_task(loop(alpha, "code")) for _ in range(3)]
-            workers += [asyncio.create_task(loop(beta, "chat")) for _ in range(3)]
+            workers += [asyncio.create_task(loop(beta, "creative")) for _ in range(3)]
             try:
                 async def settled():
                     ps = (await load_policies(st.store)).policies
@@ -132,7 +140,7 @@ async def test_per_tenant_tuning_settles_on_different_draft_lengths(stack_factor
 
                 try:
                     await wait_for(settled_for_3s, 60, interval_s=0.2,
-                                   what="code-like tenant to settle on a longer draft than chat-like")
+                                   what="code-like tenant to settle on a longer draft than the weak-drafter one")
                 except AssertionError:
                     for d in ticks[-60::4]:
                         print(round(d.replicas["sim-0"].batch, 1), [(r.tenant, r.policy.max_draft, r.policy.min_confidence,
