@@ -47,12 +47,19 @@ import openai
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from drafters.training.layers import capture_layer_ids_for  # noqa: E402
 from bench.real_sweep_stack import Gateway, RedisHandle, admin_key, api_key  # noqa: E402
+from drafters.capture.mooncake_runtime import MooncakeCluster  # noqa: E402
+from drafters.capture.mooncake_store import mooncake_spec, segment_bytes_for  # noqa: E402
+from drafters.training.layers import capture_layer_ids_for  # noqa: E402
 from tests.vllm_support import env as vllm_env  # noqa: E402
-from tests.vllm_support.launcher import VllmServer, VllmServerSpec, generate_model, ngram_speculation  # noqa: E402
-from tests.vllm_support.tiny_model import SPEC_VERSION as TARGET_VERSION  # noqa: E402
+from tests.vllm_support.launcher import (  # noqa: E402
+    VllmServer,
+    VllmServerSpec,
+    generate_model,
+    ngram_speculation,
+)
 from tests.vllm_support.tiny_model import _WORDS  # noqa: E402
+from tests.vllm_support.tiny_model import SPEC_VERSION as TARGET_VERSION  # noqa: E402
 
 SERVED = "tiny-qwen3"
 TENANTS = ("code", "prose")  # `code` opts in to capture and gets its own drafter; `prose` is the control
@@ -97,7 +104,7 @@ def dspark_server(model: Path, drafter: Path, name: str, log_dir: Path, block: i
     return VllmServer(spec, log_dir)
 
 
-def capture_server(model: Path, layer_ids: list[int], store: Path, max_bytes: int, ttl_s: float, log_dir: Path) -> VllmServer:
+def capture_server(model: Path, layer_ids: list[int], store: str, max_bytes: int, ttl_s: float, log_dir: Path) -> VllmServer:
     from drafters.capture.replica import capture_replica_args
 
     spec = VllmServerSpec(
@@ -211,6 +218,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--canary-budget-s", type=float, default=1800.0, help="controller.rollout.max_duration_s")
     p.add_argument("--store-max-mb", type=float, default=32.0, help="capture store bound (MiB)")
     p.add_argument("--store-ttl-s", type=float, default=3600.0)
+    p.add_argument("--store", choices=("tmpfs", "mooncake"), default="tmpfs",
+                   help="the capture store: a /dev/shm directory, or Mooncake Store (a master and a store node "
+                        "started here, the index in the bench's Redis)")
     p.add_argument("--out", type=Path, default=REPO / ".cache" / "specgate" / "drafter_loop.json")
     p.add_argument("--log-dir", type=Path, default=None)
     return p.parse_args(argv)
@@ -223,14 +233,20 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901 -- one linear scri
     log_dir.mkdir(parents=True, exist_ok=True)
     work = vllm_env.cache_dir() / "drafter-loop"
     work.mkdir(parents=True, exist_ok=True)
-    store_root = Path("/dev/shm") / f"specgate-drafter-loop-{os.getpid()}"
+    store_root = str(Path("/dev/shm") / f"specgate-drafter-loop-{os.getpid()}")
     max_bytes = int(args.store_max_mb * 2**20)
+    mooncake = None
     report: dict = {"args": {k: str(v) for k, v in vars(args).items()}, "phases": {}}
     servers: list[VllmServer] = []
     gateway: Gateway | None = None
     redis = RedisHandle(log_dir)
     say(f"logs: {log_dir}")
     try:
+        if args.store == "mooncake":
+            mooncake = MooncakeCluster(segment_bytes_for(max_bytes), venv=vllm_env.venv_dir(), log_dir=log_dir).__enter__()
+            store_root = mooncake_spec(mooncake.master, redis.url, redis.prefix("capture").rstrip(":"))  # close() clears it
+            say(f"capture store: Mooncake Store at {mooncake.master} (store node segment {segment_bytes_for(max_bytes)} B)")
+        report["store_backend"] = args.store
         # 0. the target and the fleet's (untrained) drafter
         model = generate_model(vllm_env.cache_dir() / TARGET_VERSION, "tiny")
         fleet_drafter = work / "fleet-drafter"
@@ -331,8 +347,11 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901 -- one linear scri
             gateway.stop()
         for s in servers:
             s.stop(grace_s=10)
+        if mooncake is not None:
+            mooncake.__exit__(None, None, None)
+        else:
+            subprocess.run(["rm", "-rf", store_root], check=False)
         redis.close()
-        subprocess.run(["rm", "-rf", str(store_root)], check=False)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2, default=str))
     print_report(report)
@@ -351,12 +370,18 @@ def run_prompts_direct(server: VllmServer, texts: list[str], max_tokens: int) ->
     return out
 
 
-def store_stats(root: Path, max_bytes: int, ttl_s: float) -> dict:
-    from drafters.capture.store import SampleStore  # torch-free parts only
+def store_stats(root: str, max_bytes: int, ttl_s: float) -> dict:
+    """The store's counters (torch-free; Mooncake: read from its Redis index)."""
+    from drafters.capture.store import open_store
 
-    stats = SampleStore(root, max_bytes=max_bytes, ttl_s=ttl_s).stats()
+    store = open_store(root, max_bytes=max_bytes, ttl_s=ttl_s)
+    try:
+        stats = store.stats()
+    finally:
+        store.close()
     return {"bytes": stats.bytes, "samples": stats.samples, "high_water_bytes": stats.high_water_bytes,
-            "max_bytes": stats.max_bytes, "evicted_full": stats.evicted_full, "evicted_ttl": stats.evicted_ttl}  # fmt: skip
+            "max_bytes": stats.max_bytes, "evicted_full": stats.evicted_full, "evicted_ttl": stats.evicted_ttl,
+            "lost": stats.lost}  # fmt: skip
 
 
 def print_report(report: dict) -> None:
@@ -372,8 +397,9 @@ def print_report(report: dict) -> None:
         print(f"phase {name}: {phase.get('seconds')} s")
     if "store_final" in report:
         s = report["phases"]["capture"]["store"]
-        print(f"capture store: {s['bytes']} B in {s['samples']} samples after capture; high-water {s['high_water_bytes']} B "
-              f"of {s['max_bytes']} B bound; evicted full/ttl {s['evicted_full']}/{s['evicted_ttl']}")
+        print(f"capture store ({report.get('store_backend', 'tmpfs')}): {s['bytes']} B in {s['samples']} samples after "
+              f"capture; high-water {s['high_water_bytes']} B of {s['max_bytes']} B bound; evicted full/ttl/lost "
+              f"{s['evicted_full']}/{s['evicted_ttl']}/{s.get('lost', 0)}")
     rollout = report.get("phases", {}).get("canary", {}).get("rollout") or {}
     print(f"rollout: {rollout.get('state')} -- {(rollout.get('rollout') or {}).get('reason')}")
     print(f"lossless (same text before/after): {report.get('lossless')}")

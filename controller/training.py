@@ -171,7 +171,7 @@ class TrainingJobs:
             return None
         opted_in = list(opted_in)
         since = {t: docs[t].job.started_at if t in docs and docs[t].job is not None else None for t in opted_in}
-        # A directory walk (stat per sample): off the event loop, which may be an embedding gateway's.
+        # A directory walk (stat per sample) or Redis round trips: off the event loop, which may be an embedding gateway's.
         counts = await asyncio.to_thread(self._count_new, since)
         for tenant in opted_in:
             doc = docs.get(tenant, TenantTraining())
@@ -191,10 +191,13 @@ class TrainingJobs:
         return None
 
     def _count_new(self, since: dict[str, float | None]) -> dict[str, int]:
-        from drafters.capture.store import SampleStore
+        from drafters.capture.store import open_store
 
-        samples = SampleStore(self.settings.store_root)
-        return {tenant: samples.count(tenant, since=at) for tenant, at in since.items()}
+        samples = open_store(self.settings.store_root)
+        try:
+            return {tenant: samples.count(tenant, since=at) for tenant, at in since.items()}
+        finally:
+            samples.close()
 
     async def _start(self, tenant: str, doc: TenantTraining, drafters: TenantDrafters | None, new_samples: int,
                      reason: str, now: float) -> TrainingJob:

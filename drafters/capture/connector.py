@@ -14,16 +14,18 @@ keeps its scheduler/worker plumbing (slot extraction, block hand-off,
 - only specgate capture requests (`contract.capture.capture_params` of the
   request's `kv_transfer_params`) are written; any other request to the
   replica writes nothing and holds its blocks not a step longer;
-- each sample goes through `drafters.capture.store.SampleStore.put`: one
-  self-describing safetensors file per request (`hidden_states [T, n_ids, H]`
-  in the model dtype, `token_ids [T]`, `SampleMeta`), renamed into place
-  atomically (no lock files), under a byte bound (oldest evicted first) and a
-  TTL that a daemon thread applies even when no request arrives;
+- each sample goes through the capture store's `put` (`store.open_store`:
+  the tmpfs directory `SampleStore`, or Mooncake Store with a Redis index,
+  `mooncake_store.MooncakeSampleStore`): one self-describing safetensors blob
+  per request (`hidden_states [T, n_ids, H]` in the model dtype,
+  `token_ids [T]`, `SampleMeta`), visible whole or not at all (no lock
+  files), under a byte bound (oldest evicted first) and a TTL that a daemon
+  thread applies even when no request arrives;
 - the prompt is captured, nothing else (the stock `include_output_tokens`
   is ignored): the capture body re-feeds prompt + completion as the prompt
   with max_tokens 1, so T = the number of prompt ids sent;
 - the response's `kv_transfer_params` carries the store key
-  (`{"specgate_sample": "<tenant_slug>/<file>"}`) for `SampleStore.read`.
+  (`{"specgate_sample": "<tenant_slug>/<file>"}`) for the store's `read`.
 
 The write path is device-agnostic: the request's slots are gathered from the
 cache and copied to host memory synchronously (pageable memory, one copy per
@@ -34,13 +36,14 @@ values, small next to the prefill that produced them). The reply can reach
 the client before the writer thread has renamed the file into place: readers
 find samples by listing (`SampleStore.keys`) or retry a key briefly.
 
-At scale the directory store would be replaced by Mooncake Store over RDMA
-(hs-connectors' `MooncakeHiddenStatesConnector`: the trainer pulls by key from
-any node, the master evicts by watermark); not built here, where one tmpfs
-directory per capture replica is enough.
+With `store_root` a `mooncake://` spec the samples go to Mooncake Store's
+store node over TCP (RDMA on a GPU fleet): the trainer pulls them by key from
+any host, and they outlive this replica. The host copy is the same; only the
+blob's destination differs.
 
 Configuration (`kv_connector_extra_config`, see drafters.capture.replica):
-`store_root`, `max_bytes`, `ttl_s`, optional `enforce_interval_s`.
+`store_root` (a directory or a `mooncake://` spec), `max_bytes`, `ttl_s`,
+optional `enforce_interval_s`.
 """
 
 from __future__ import annotations
@@ -66,7 +69,7 @@ from vllm.utils.gpu_sync_debug import gpu_sync_allowed
 from contract.capture import SampleMeta, capture_params
 
 from .replica import SAMPLE_KEY_PARAM, CaptureStoreConfig, capture_replica_args
-from .store import SampleStore
+from .store import SampleStore, open_store
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -116,7 +119,7 @@ class SpecgateHiddenStatesConnector(ExampleHiddenStatesConnector):
     def __init__(self, vllm_config: "VllmConfig", role: KVConnectorRole, kv_cache_config: "KVCacheConfig"):
         super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
         self._config = CaptureStoreConfig.from_extra_config(self._kv_transfer_config.kv_connector_extra_config)
-        self._store = SampleStore(self._config.store_root, max_bytes=self._config.max_bytes, ttl_s=self._config.ttl_s)
+        self._store = open_store(self._config.store_root, max_bytes=self._config.max_bytes, ttl_s=self._config.ttl_s)
         # Atomic renames replace the stock lock files; clients never choose paths.
         self.use_lock = False
         self.allow_custom_save_path = False
@@ -177,16 +180,20 @@ class SpecgateHiddenStatesConnector(ExampleHiddenStatesConnector):
         if problem is not None:
             logger.warning("specgate capture: request %s not captured: %s", request.request_id, problem)
             return False, None
-        path = self._store.path_for(capture.tenant, request.request_id)
+        key = self._store.key_for(capture.tenant, request.request_id)
+        where = str(self._store.path_for(capture.tenant, request.request_id)) if isinstance(self._store, SampleStore) else None
         self._pending_saves[request.request_id] = CapturePending(
             req_id=request.request_id,
-            filename=str(path),
+            filename=where or key.key,
             token_ids=torch.tensor(list(prompt), dtype=torch.long),
             block_ids=list(block_ids),
             tenant=capture.tenant,
             prompt_tokens=capture.prompt_tokens,
         )
-        return True, {SAMPLE_KEY_PARAM: f"{path.parent.name}/{path.name}", "hidden_states_path": str(path)}
+        params: dict[str, Any] = {SAMPLE_KEY_PARAM: key.key}
+        if where is not None:  # the stock connector's field, for a reader that opens the file itself
+            params["hidden_states_path"] = where
+        return True, params
 
     # ==============================
     # Worker side

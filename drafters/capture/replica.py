@@ -14,7 +14,8 @@ A capture replica is a plain vLLM server with two flags:
                           (the layer axis mapped onto the head axis)
     --kv-transfer-config  specgate's connector (loaded by module path) copies
                           them out per finished capture request into the
-                          bounded store (drafters.capture.store)
+                          bounded store (drafters.capture.store: a tmpfs
+                          directory, or Mooncake Store by a mooncake:// spec)
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from .mooncake_store import MooncakeLocation, is_mooncake_spec
 from .store import DEFAULT_MAX_BYTES, DEFAULT_ROOT, DEFAULT_TTL_S
 
 CONNECTOR_MODULE = "drafters.capture.connector"
@@ -47,7 +49,9 @@ class CaptureStoreConfig:
 
     def __post_init__(self) -> None:
         if not isinstance(self.store_root, str) or not self.store_root:
-            raise ValueError("capture connector: store_root must be a non-empty path")
+            raise ValueError("capture connector: store_root must be a non-empty path or mooncake:// spec")
+        if is_mooncake_spec(self.store_root):
+            MooncakeLocation.parse(self.store_root)  # a malformed spec fails here, not in the replica
         if isinstance(self.max_bytes, bool) or not isinstance(self.max_bytes, int) or self.max_bytes <= 0:
             raise ValueError(f"capture connector: max_bytes must be a positive integer, got {self.max_bytes!r}")
         for name in ("ttl_s", "enforce_interval_s"):

@@ -59,6 +59,16 @@ class StoreStats:
     evicted_full: int  # samples dropped to make room
     evicted_ttl: int  # samples dropped for age
     max_bytes: int
+    lost: int = 0  # listed samples the backend no longer held when read (Mooncake: a store node restarted)
+
+
+def sample_file_name(request_id: str) -> str:
+    """A request id as a sample's name: path-safe, never hidden (a hidden
+    name would pass for a temporary file and escape the bounds)."""
+    safe_id = "".join(c if c.isalnum() or c in "-_." else "_" for c in request_id) or "_"
+    if safe_id.startswith("."):
+        safe_id = "_" + safe_id[1:]
+    return f"{safe_id}{SAMPLE_SUFFIX}"
 
 
 class SampleStore:
@@ -82,10 +92,10 @@ class SampleStore:
 
     # -- writing -------------------------------------------------------------
     def path_for(self, tenant: str, request_id: str) -> Path:
-        safe_id = "".join(c if c.isalnum() or c in "-_." else "_" for c in request_id) or "_"
-        if safe_id.startswith("."):  # a hidden name would pass for a temporary file and escape the bounds
-            safe_id = "_" + safe_id[1:]
-        return self.root / tenant_slug(tenant) / f"{safe_id}{SAMPLE_SUFFIX}"
+        return self.root / tenant_slug(tenant) / sample_file_name(request_id)
+
+    def key_for(self, tenant: str, request_id: str) -> SampleKey:
+        return SampleKey(tenant_slug(tenant), sample_file_name(request_id))
 
     def put(self, tenant: str, request_id: str, tensors: dict[str, Any], meta: SampleMeta) -> Path:
         """Write one sample (torch tensors) and keep the store within its bounds.
@@ -93,9 +103,10 @@ class SampleStore:
         from safetensors.torch import save
 
         blob = save({k: v.contiguous() for k, v in tensors.items()}, metadata=meta.to_metadata())
-        return self.put_bytes(tenant, request_id, blob)
+        return self.put_bytes(tenant, request_id, blob, meta)
 
-    def put_bytes(self, tenant: str, request_id: str, blob: bytes) -> Path:
+    def put_bytes(self, tenant: str, request_id: str, blob: bytes, meta: SampleMeta | None = None) -> Path:
+        """`meta`: unused here (the blob carries it); the Mooncake store indexes it."""
         if len(blob) > self.max_bytes:
             raise ValueError(f"capture store: a {len(blob)}-byte sample exceeds max_bytes={self.max_bytes}")
         path = self.path_for(tenant, request_id)
@@ -185,6 +196,9 @@ class SampleStore:
             max_bytes=self.max_bytes,
         )
 
+    def close(self) -> None:
+        """Nothing to release (the Mooncake store's counterpart closes its connections)."""
+
     # -- internals -----------------------------------------------------------
     def _path(self, key: SampleKey | str) -> Path:
         rel = key.key if isinstance(key, SampleKey) else key
@@ -245,3 +259,14 @@ class SampleStore:
         tmp = self.root / f"{_TMP_PREFIX}{_STATS_FILE}"
         tmp.write_text(json.dumps(stats))
         os.replace(tmp, self.root / _STATS_FILE)
+
+
+def open_store(spec: str | os.PathLike, *, max_bytes: int = DEFAULT_MAX_BYTES, ttl_s: float = DEFAULT_TTL_S):
+    """The capture store `spec` names: `mooncake://...` (drafters.capture.mooncake_store)
+    or a directory (`SampleStore`). Every party that names a store (the
+    connector, the trainer, the controller, the bench) opens it here."""
+    from .mooncake_store import MooncakeSampleStore, is_mooncake_spec
+
+    if is_mooncake_spec(spec):
+        return MooncakeSampleStore(str(spec), max_bytes=max_bytes, ttl_s=ttl_s)
+    return SampleStore(spec, max_bytes=max_bytes, ttl_s=ttl_s)

@@ -22,7 +22,7 @@ def _ids(text: str | None) -> list[int] | None:
 
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tenant", required=True)
-    p.add_argument("--store", required=True, help="capture store root (drafters.capture.store.SampleStore)")
+    p.add_argument("--store", required=True, help="capture store: a directory or a mooncake:// spec (drafters.capture.store.open_store)")
     p.add_argument("--target", required=True, help="target model directory (the verifier)")
     p.add_argument("--held-out", type=float, default=0.2, help="fraction of samples kept for evaluation (by key hash)")
     p.add_argument("--max-samples", type=int, default=None, help="newest training samples to load (memory bound)")
@@ -60,11 +60,11 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _load(args, spec, num_layers):
-    from drafters.capture.store import SampleStore
+    from drafters.capture.store import open_store
 
     from .dataset import load_tenant
 
-    store = SampleStore(args.store)
+    store = open_store(args.store)
     data = load_tenant(store, args.tenant, spec.target_layer_ids, num_layers, held_out_fraction=args.held_out,
                        max_samples=args.max_samples)
     return data

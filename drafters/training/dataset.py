@@ -1,6 +1,7 @@
 """A tenant's captured samples as DSpark training inputs.
 
-Reads `drafters.capture.store.SampleStore` (format: contract/capture.py) and
+Reads a capture store (`drafters.capture.store.open_store`: the directory or
+Mooncake Store; format: contract/capture.py) and
 turns each sample into what speculators' DSpark forward takes
 (`models/dspark/core.py` `forward`): the drafter's feature layers concatenated
 in ascending id order (`hidden_states [T, n_aux*H]`), the pre-norm last layer
@@ -25,6 +26,7 @@ from typing import Iterable, Sequence
 
 import torch
 
+from drafters.capture.mooncake_store import MooncakeSampleStore
 from drafters.capture.store import SampleKey, SampleStore
 
 from .layers import feature_columns
@@ -67,7 +69,7 @@ class TenantSamples:
     skipped: dict[str, str]  # key -> why
 
 
-def load_tenant(store: SampleStore, tenant: str, target_layer_ids: Sequence[int], num_hidden_layers: int, *,
+def load_tenant(store: SampleStore | MooncakeSampleStore, tenant: str, target_layer_ids: Sequence[int], num_hidden_layers: int, *,
                 held_out_fraction: float = 0.2, max_samples: int | None = None, min_completion: int = 2) -> TenantSamples:
     """The tenant's samples split by key hash (drafters.training.split). The
     split is taken over every present sample first, then `max_samples` keeps

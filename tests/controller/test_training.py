@@ -24,6 +24,11 @@ from controller.service import Controller
 from drafters.capture.store import SampleStore
 from tests.controller.conftest import ADMIN_KEY, TENANT_KEYS
 from tests.controller.servers import controller_with_admin
+from tests.vllm_support.mooncake_fixtures import (  # noqa: F401
+    mooncake_cluster,
+    mooncake_ops,
+    mooncake_store_spec,
+)
 
 ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}", "X-Admin-User": "alice"}
 
@@ -154,3 +159,19 @@ def test_warm_start_prefers_the_tenants_promoted_drafter_from_a_job():
     assert training.warm_start(TenantDrafters(drafter="a-j1"), doc, "/fleet") == "/ckpt/a-j1"
     assert training.warm_start(TenantDrafters(drafter="hand-made"), doc, "/fleet") == "/fleet"
     assert training.warm_start(None, training.TenantTraining(), None) is None
+
+
+async def test_samples_in_a_mooncake_store_are_counted_from_its_index(tmp_path, redis_url, redis_prefix, mooncake_store_spec):
+    # A real Mooncake Store (master + store node) holds the samples; the controller,
+    # in this venv without the Mooncake client, counts them from the store's Redis index.
+    put = [["put", "alpha", f"req-{i}", 8, i] for i in range(2)] + [["put", "beta", "req-b", 8, 9]]
+    mooncake_ops(mooncake_store_spec, put)
+    async with rig(tmp_path, redis_url, redis_prefix, store_root=mooncake_store_spec) as (store, ctl, http):
+        await ctl.tick()
+        assert "2 new samples < 3" in ctl.training.last_verdicts["alpha"].reason
+        mooncake_ops(mooncake_store_spec, [["put", "alpha", "req-2", 8, 2]])
+        await ctl.tick()
+        job = await job_of(store, "alpha")
+        assert job is not None and job.new_samples == 3
+        await wait_job(ctl)
+        assert "beta" not in ctl.training.last_verdicts

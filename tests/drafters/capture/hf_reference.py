@@ -1,5 +1,5 @@
-"""Run in .venv-vllm: read captured samples through `SampleStore.read` and
-compare them with the target's hidden states computed independently by HF
+"""Run in .venv-vllm: read captured samples through the store's `read` (a
+directory or a mooncake:// spec) and compare them with the target's hidden states computed independently by HF
 transformers (`output_hidden_states=True`).
 
 Layer id k (vLLM's `extract_hidden_states`) is the hidden state entering
@@ -18,10 +18,10 @@ import sys
 import torch
 from transformers import AutoModelForCausalLM
 
-from drafters.capture.store import SampleStore
+from drafters.capture.store import open_store
 
 args = json.loads(sys.stdin.read())
-store = SampleStore(args["root"])
+store = open_store(args["root"])
 model = AutoModelForCausalLM.from_pretrained(args["model_dir"], torch_dtype=torch.float32).eval()
 n_layers = model.config.num_hidden_layers
 out = {}

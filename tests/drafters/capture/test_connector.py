@@ -126,20 +126,28 @@ def hf_reference(root: Path, model_dir: Path, keys: list[str]) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def capture_three(server: VllmServer, client: openai.OpenAI) -> tuple[list, list[dict]]:
+    """Two tenants' finished requests (prompt ids and the target's own completion
+    ids, what the gateway mirrors), then their capture bodies sent at once
+    (batched together in the replica). Returns (tenant, prompt, completion) per
+    request and the capture responses."""
+    finished = []
+    for tenant, text in [("acme", "the cat sat on the mat"), ("acme", "one two three four"), ("team/b", "hello world")]:
+        prompt = tokenize(server, text)
+        plain = send(client, {"model": server.model, "prompt": prompt, "max_tokens": 6, "return_token_ids": True})
+        assert plain.get("kv_transfer_params") is None  # a normal request: no sample
+        finished.append((tenant, prompt, plain["choices"][0]["token_ids"]))
+    bodies = [capture_request_body(server.model, t, p, c) for t, p, c in finished]
+    with cf.ThreadPoolExecutor(len(bodies)) as pool:
+        responses = list(pool.map(lambda b: send(client, b), bodies))
+    return finished, responses
+
+
 def test_capture_writes_the_targets_hidden_states_under_the_returned_key(
     capture_server, client, store_root, tiny_model_dir, tmp_path
 ):
-    # What the gateway mirrors: a finished request's prompt ids and the target's own completion ids.
-    finished = []
-    for tenant, text in [("acme", "the cat sat on the mat"), ("acme", "one two three four"), ("team/b", "hello world")]:
-        prompt = tokenize(capture_server, text)
-        plain = send(client, {"model": capture_server.model, "prompt": prompt, "max_tokens": 6, "return_token_ids": True})
-        assert plain.get("kv_transfer_params") is None  # a normal request: no sample
-        finished.append((tenant, prompt, plain["choices"][0]["token_ids"]))
     started = time.time()
-    bodies = [capture_request_body(capture_server.model, t, p, c) for t, p, c in finished]
-    with cf.ThreadPoolExecutor(len(bodies)) as pool:  # batched together in the replica
-        responses = list(pool.map(lambda b: send(client, b), bodies))
+    finished, responses = capture_three(capture_server, client)
 
     snapshot = tmp_path / "snapshot"
     keys = []
