@@ -132,7 +132,9 @@ pip_q install -c "$constraints" -c "$lock" "mooncake-transfer-engine-non-cuda==$
 moon_sys="$VENV/mooncake-sys"
 if ! /sbin/ldconfig -p 2>/dev/null | grep -q 'libibverbs.so.1 ' && [ ! -e "$moon_sys/usr/lib/x86_64-linux-gnu/libibverbs.so.1" ]; then
   debs=$(mktemp -d)
-  (cd "$debs" && apt-get download libibverbs1 libnl-3-200 libnl-route-3-200 >/dev/null 2>&1) \
+  fetch_debs() { (cd "$debs" && apt-get download libibverbs1 libnl-3-200 libnl-route-3-200 >/dev/null 2>&1); }
+  # Package lists missing or stale: refresh them once (as root) and retry.
+  fetch_debs || { [ "$(id -u)" = 0 ] && apt-get update -qq >/dev/null 2>&1 && fetch_debs; } \
     || fail "apt-get download libibverbs1 libnl-3-200 libnl-route-3-200 failed (Mooncake's system libraries)"
   mkdir -p "$moon_sys"
   for deb in "$debs"/*.deb; do dpkg -x "$deb" "$moon_sys" || fail "dpkg -x $deb failed"; done
