@@ -25,7 +25,7 @@ from contract.store import MemoryStore, Store, create_store
 
 from .accounting import Accounting, estimate_tokens
 from .auth import TenantDirectory
-from .capture_mirror import CaptureMirror
+from .capture_mirror import CaptureMirror, FleetCaptureBudget
 from .deps import RequestPathState
 from .health import HealthMonitor
 from .inflight import InflightRequests
@@ -108,6 +108,8 @@ class GatewayState:
             settings=s, metrics=self.metrics,
         )
         self.accounting.start()
+        if self.capture is not None and not isinstance(self.store, MemoryStore):
+            self.capture.fleet_budget = FleetCaptureBudget(self.accounting.guard)
         self.watcher = PolicyWatcher(self.store, self.policy_view, s.policy_poll_s, on_change=lambda p: self.metrics.policy_version.set(p.version))
         await self.watcher.start()
         if not self.settings.tenants and s.allow_anonymous:

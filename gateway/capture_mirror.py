@@ -11,6 +11,14 @@ their own (the capture replica's slowness cannot hold the connections the
 serving replicas use). Each capture request is bounded by
 `capture.timeout_s`; what it answers changes nothing but the counters.
 
+The hourly budget (`max_per_hour`) holds for the whole fleet, not per
+instance: each instance keeps its own exact window (`HourlyBudget`: asked on
+the request path, where no store round trip may wait), and a worker takes
+the sample from the tenant's shared window in the store
+(`FleetCaptureBudget`, a sliding window of an hour) before sending it, so N
+gateway instances, or one restarted, do not capture N times the budget.
+While the store is down, the instance's own window is the bound.
+
 Shutdown (`stop`): the queue gets `DRAIN_S` to empty, then the workers are
 cancelled; samples still queued are counted `dropped_queue`, a request cut
 in flight `failed`.
@@ -24,7 +32,7 @@ import logging
 import random
 import time
 import uuid
-from typing import Callable
+from typing import Awaitable, Callable
 
 import orjson
 
@@ -37,11 +45,13 @@ from .capture import (
     FAILED,
     SENT,
     CapturePlan,
+    HOUR_S,
     HourlyBudget,
     sample_outcome,
     sampled,
     shape_refusal,
 )
+from .budget_guard import BudgetGuard, StoreDown
 from .metrics import GatewayMetrics
 from .upstream import Upstream, create_upstream, read_whole
 
@@ -49,6 +59,29 @@ log = logging.getLogger("specgate.gateway.capture")
 
 # At shutdown, how long queued captures may still be sent before the workers are cancelled.
 DRAIN_S = 5.0
+# The store key of a tenant's fleet-wide capture window.
+CAPTURE_WINDOW_KEY = "capture:window:"
+
+
+class FleetCaptureBudget:
+    """A tenant's captures in the last hour across every gateway instance:
+    the store's sliding window (the one budgets use), through the budget
+    guard (bounded wait, breaker). `__call__` takes one capture; False when
+    the fleet is at the tenant's limit. A store that is down answers True:
+    each instance's own window still bounds it (fail open, as budgets do by
+    default)."""
+
+    def __init__(self, guard: BudgetGuard) -> None:
+        self.guard = guard
+
+    async def __call__(self, tenant: str, limit: int) -> bool:
+        store = self.guard.store
+        try:
+            decision = await self.guard.call(lambda: store.consume_window(
+                CAPTURE_WINDOW_KEY + tenant, {"captures": 1}, {"captures": limit}, window_s=int(HOUR_S)))
+        except StoreDown:
+            return True
+        return decision.allowed
 
 
 class CaptureMirror:
@@ -64,6 +97,8 @@ class CaptureMirror:
         self.clock = clock
         self.draw = draw
         self.budget = HourlyBudget()
+        # The fleet-wide window (None: this instance is the fleet, e.g. the embedded store).
+        self.fleet_budget: Callable[[str, int], Awaitable[bool]] | None = None
         self.queue: asyncio.Queue[tuple[CapturePlan, list[int], list[int]]] = asyncio.Queue(target.queue_size)
         self._upstream = upstream
         self._own_upstream = upstream is None
@@ -130,6 +165,10 @@ class CaptureMirror:
         while True:
             plan, prompt, completion = await self.queue.get()
             try:
+                if self.fleet_budget is not None and not await self.fleet_budget(plan.tenant, plan.limit):
+                    self._count(plan.label, DROPPED_BUDGET)
+                    self.queue.task_done()
+                    continue
                 ok = await self._send(plan, prompt, completion)
             except asyncio.CancelledError:
                 self._count(plan.label, FAILED)

@@ -298,6 +298,20 @@ def test_max_per_hour_caps_captures_and_counts_the_rest(capture_gw, recorder):
     assert len(recorder.records) == 3
 
 
+def test_max_per_hour_holds_across_gateway_instances_sharing_redis(capture_gw, recorder):
+    # Two instances (one Redis): the budget is the tenant's, not each instance's,
+    # which is also what keeps a restarted instance from starting a fresh hour.
+    spec = {"fraction": 1.0, "max_per_hour": 3}
+    gws = [capture_gw(alpha_capture=spec), capture_gw(alpha_capture=spec)]
+    for i in range(4):
+        for gw in gws:
+            assert _one(client(gw, "alpha"), chat=False, stream=bool(i % 2), max_tokens=4)[1]
+    wait_for(lambda: sum(outcome(gw, "alpha", "sent") + outcome(gw, "alpha", "dropped_budget") for gw in gws) == 8,
+             timeout=20)
+    assert sum(outcome(gw, "alpha", "sent") for gw in gws) == 3 and len(recorder.records) == 3
+    assert all(outcome(gw, "alpha", "sent") <= 3 for gw in gws)
+
+
 def test_a_full_queue_drops_and_counts_and_the_responses_do_not_wait(capture_gw, recorder):
     recorder.hold.set()  # the capture replica takes the first capture and does not answer
     gw = capture_gw(queue_size=1, concurrency=1)
@@ -406,3 +420,19 @@ async def test_shutdown_drains_the_queue_then_cancels_and_counts_what_was_left(r
         recorder.hold.clear()
     assert _counts(metrics) == {"failed": 1.0, "dropped_queue": 2.0}
     assert mirror.queue.qsize() == 0
+
+
+async def test_the_fleet_window_counts_each_capture_once_and_fails_open_while_the_store_is_down(redis_url, redis_prefix):
+    from contract.store.redis_store import RedisStore
+    from gateway.budget_guard import BudgetGuard
+    from gateway.capture_mirror import FleetCaptureBudget
+
+    store = RedisStore(redis_url, prefix=redis_prefix)
+    budget = FleetCaptureBudget(BudgetGuard(store, timeout_s=0.5))
+    assert [await budget("alpha", 2) for _ in range(3)] == [True, True, False]
+    assert await budget("beta", 2)  # per tenant
+    await store.close()
+    dead = RedisStore(f"redis://127.0.0.1:{free_port()}/0", prefix=redis_prefix)  # nothing listens there
+    down = FleetCaptureBudget(BudgetGuard(dead, timeout_s=0.5))
+    assert await down("alpha", 2) and await down("alpha", 2) and await down("alpha", 2)  # each instance's own window bounds it
+    await dead.close()
