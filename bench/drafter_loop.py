@@ -372,7 +372,7 @@ def run_prompts_direct(server: VllmServer, texts: list[str], max_tokens: int) ->
 
 def store_stats(root: str, max_bytes: int, ttl_s: float) -> dict:
     """The store's counters (torch-free; Mooncake: read from its Redis index)."""
-    from drafters.capture.store import open_store
+    from drafters.capture.backends import open_store
 
     store = open_store(root, max_bytes=max_bytes, ttl_s=ttl_s)
     try:

@@ -388,7 +388,7 @@ class TrainingSettings(_Strict):
     torch on the controller's host."""
 
     enabled: bool = Field(default=False, description="train tenants' drafters when enough new samples were captured")
-    store_root: str = Field(default="/dev/shm/specgate-capture", description="the capture store the capture replica writes: a directory or mooncake://MASTER/NS?index=redis://... (drafters.capture.store.open_store)")
+    store_root: str = Field(default="/dev/shm/specgate-capture", description="the capture store the capture replica writes: a directory or mooncake://MASTER/NS?index=redis://... (drafters.capture.backends.open_store)")
     target: str = Field(default="", description="target model directory the trainer reads (required when enabled)")
     out_root: str = Field(default="/var/lib/specgate/drafters", description="checkpoints go to OUT_ROOT/<tenant>-<job id>")
     init_from: str | None = Field(default=None, description="the fleet drafter's checkpoint: warm start of a tenant's first drafter")

@@ -191,7 +191,7 @@ class TrainingJobs:
         return None
 
     def _count_new(self, since: dict[str, float | None]) -> dict[str, int]:
-        from drafters.capture.store import open_store
+        from drafters.capture.backends import open_store
 
         samples = open_store(self.settings.store_root)
         try:

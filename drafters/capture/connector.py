@@ -14,7 +14,7 @@ keeps its scheduler/worker plumbing (slot extraction, block hand-off,
 - only specgate capture requests (`contract.capture.capture_params` of the
   request's `kv_transfer_params`) are written; any other request to the
   replica writes nothing and holds its blocks not a step longer;
-- each sample goes through the capture store's `put` (`store.open_store`:
+- each sample goes through the capture store's `put` (`backends.open_store`:
   the tmpfs directory `SampleStore`, or Mooncake Store with a Redis index,
   `mooncake_store.MooncakeSampleStore`): one self-describing safetensors blob
   per request (`hidden_states [T, n_ids, H]` in the model dtype,
@@ -68,8 +68,9 @@ from vllm.utils.gpu_sync_debug import gpu_sync_allowed
 
 from contract.capture import SampleMeta, capture_params
 
+from .backends import open_store
 from .replica import SAMPLE_KEY_PARAM, CaptureStoreConfig, capture_replica_args
-from .store import SampleStore, open_store
+from .store import SampleStore
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig

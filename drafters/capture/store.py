@@ -260,13 +260,3 @@ class SampleStore:
         tmp.write_text(json.dumps(stats))
         os.replace(tmp, self.root / _STATS_FILE)
 
-
-def open_store(spec: str | os.PathLike, *, max_bytes: int = DEFAULT_MAX_BYTES, ttl_s: float = DEFAULT_TTL_S):
-    """The capture store `spec` names: `mooncake://...` (drafters.capture.mooncake_store)
-    or a directory (`SampleStore`). Every party that names a store (the
-    connector, the trainer, the controller, the bench) opens it here."""
-    from .mooncake_store import MooncakeSampleStore, is_mooncake_spec
-
-    if is_mooncake_spec(spec):
-        return MooncakeSampleStore(str(spec), max_bytes=max_bytes, ttl_s=ttl_s)
-    return SampleStore(spec, max_bytes=max_bytes, ttl_s=ttl_s)

@@ -22,7 +22,7 @@ def _ids(text: str | None) -> list[int] | None:
 
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tenant", required=True)
-    p.add_argument("--store", required=True, help="capture store: a directory or a mooncake:// spec (drafters.capture.store.open_store)")
+    p.add_argument("--store", required=True, help="capture store: a directory or a mooncake:// spec (drafters.capture.backends.open_store)")
     p.add_argument("--target", required=True, help="target model directory (the verifier)")
     p.add_argument("--held-out", type=float, default=0.2, help="fraction of samples kept for evaluation (by key hash)")
     p.add_argument("--max-samples", type=int, default=None, help="newest training samples to load (memory bound)")
@@ -60,7 +60,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _load(args, spec, num_layers):
-    from drafters.capture.store import open_store
+    from drafters.capture.backends import open_store
 
     from .dataset import load_tenant
 
@@ -72,9 +72,9 @@ def _load(args, spec, num_layers):
 
 def _baseline(args, target_config):
     """The drafter training starts from: the current checkpoint, or a fresh seeded one."""
-    from .model import build, read_checkpoint_config, resolve_spec
-
     import torch
+
+    from .model import build, read_checkpoint_config, resolve_spec
 
     if args.init_from:
         cfg = read_checkpoint_config(args.init_from)

@@ -1,6 +1,6 @@
 """A tenant's captured samples as DSpark training inputs.
 
-Reads a capture store (`drafters.capture.store.open_store`: the directory or
+Reads a capture store (`drafters.capture.backends.open_store`: the directory or
 Mooncake Store; format: contract/capture.py) and
 turns each sample into what speculators' DSpark forward takes
 (`models/dspark/core.py` `forward`): the drafter's feature layers concatenated

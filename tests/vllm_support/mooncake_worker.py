@@ -19,7 +19,7 @@ import time
 import torch
 
 from contract.capture import SampleMeta
-from drafters.capture.store import open_store
+from drafters.capture.backends import open_store
 
 
 def digest(tensors: dict) -> str:

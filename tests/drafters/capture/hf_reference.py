@@ -18,7 +18,7 @@ import sys
 import torch
 from transformers import AutoModelForCausalLM
 
-from drafters.capture.store import open_store
+from drafters.capture.backends import open_store
 
 args = json.loads(sys.stdin.read())
 store = open_store(args["root"])

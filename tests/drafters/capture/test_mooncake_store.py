@@ -14,6 +14,7 @@ from __future__ import annotations
 import pytest
 
 from contract.capture import SampleMeta
+from drafters.capture.backends import open_store
 from drafters.capture.mooncake_store import (
     DEFAULT_BUFFER_BYTES,
     MooncakeLocation,
@@ -22,7 +23,7 @@ from drafters.capture.mooncake_store import (
     segment_bytes_for,
 )
 from drafters.capture.replica import CaptureStoreConfig
-from drafters.capture.store import SampleKey, SampleStore, open_store
+from drafters.capture.store import SampleKey, SampleStore
 from tests.vllm_support.mooncake_fixtures import MOONCAKE_MAX_BYTES, mooncake_ops
 
 SAMPLE_TOKENS = 20  # 20 x 3 x 128 float32 + ids + header: ~31 KB a sample
