@@ -28,7 +28,8 @@ Environment:
                             and SPECGATE_DRAFTER_PATH are then not used, and these apply:
   SPECGATE_CAPTURE_LAYERS   comma-separated hidden-state layer ids (required for capture; `specgate
                             drafter layers --drafter D --target M` prints the ids a drafter trains on)
-  SPECGATE_CAPTURE_STORE    store directory (default /dev/shm/specgate-capture: RAM, never disk)
+  SPECGATE_CAPTURE_STORE    store directory (default /dev/shm/specgate-capture: RAM, never disk), or
+                            a Mooncake Store spec mooncake://MASTER:PORT/NS?index=redis://... (docs/drafters.md)
   SPECGATE_CAPTURE_MAX_BYTES / SPECGATE_CAPTURE_TTL_S  the store's bounds (default 1 GiB / 86400 s)
 Arguments: ``--dry-run`` prints the command and environment as JSON and exits; any other
 arguments are appended to vLLM's.
