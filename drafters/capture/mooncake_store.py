@@ -134,19 +134,17 @@ class MooncakeSampleStore:
     """`SampleStore`'s interface over Mooncake Store + a Redis index. Safe for
     one writer process per namespace plus any readers (as the directory)."""
 
-    def __init__(self, spec: str, *, max_bytes: int = DEFAULT_MAX_BYTES, ttl_s: float = DEFAULT_TTL_S, redis_client=None):
+    def __init__(self, spec: str, *, max_bytes: int = DEFAULT_MAX_BYTES, ttl_s: float = DEFAULT_TTL_S):
         if max_bytes <= 0 or ttl_s <= 0:
             raise ValueError("capture store: max_bytes and ttl_s must be positive")
         self.location = MooncakeLocation.parse(spec)
         self.root = spec  # what logs and messages name the store by
         self.max_bytes = int(max_bytes)
         self.ttl_s = float(ttl_s)
-        if redis_client is None:
-            import redis
+        import redis
 
-            # Bounded waits: a hung Redis must fail a write (logged by the connector), not stall it.
-            redis_client = redis.Redis.from_url(self.location.index_url, socket_timeout=10, socket_connect_timeout=5)
-        self._redis = redis_client
+        # Bounded waits: a hung Redis must fail a write (logged by the connector), not stall it.
+        self._redis = redis.Redis.from_url(self.location.index_url, socket_timeout=10, socket_connect_timeout=5)
         self._add = self._redis.register_script(_ADD)
         self._remove = self._redis.register_script(_REMOVE)
         prefix = f"{self.location.namespace}:"
