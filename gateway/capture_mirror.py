@@ -32,26 +32,26 @@ import logging
 import random
 import time
 import uuid
-from typing import Awaitable, Callable
+from collections.abc import Awaitable, Callable
 
 import orjson
 
 from contract.capture import CAPTURE_REQUEST_PREFIX, CaptureTarget, capture_request_body
 from contract.policy import SpeculationPolicy
 
+from .budget_guard import BudgetGuard, StoreDown
 from .capture import (
     DROPPED_BUDGET,
     DROPPED_QUEUE,
     FAILED,
+    HOUR_S,
     SENT,
     CapturePlan,
-    HOUR_S,
     HourlyBudget,
     sample_outcome,
     sampled,
     shape_refusal,
 )
-from .budget_guard import BudgetGuard, StoreDown
 from .metrics import GatewayMetrics
 from .upstream import Upstream, create_upstream, read_whole
 

@@ -161,12 +161,12 @@ def test_warm_start_prefers_the_tenants_promoted_drafter_from_a_job():
     assert training.warm_start(None, training.TenantTraining(), None) is None
 
 
-async def test_samples_in_a_mooncake_store_are_counted_from_its_index(tmp_path, redis_url, redis_prefix, mooncake_store_spec):
+async def test_samples_in_a_mooncake_store_are_counted_from_its_index(tmp_path, redis_url, redis_prefix, mooncake_store_spec):  # noqa: F811
     # A real Mooncake Store (master + store node) holds the samples; the controller,
     # in this venv without the Mooncake client, counts them from the store's Redis index.
     put = [["put", "alpha", f"req-{i}", 8, i] for i in range(2)] + [["put", "beta", "req-b", 8, 9]]
     mooncake_ops(mooncake_store_spec, put)
-    async with rig(tmp_path, redis_url, redis_prefix, store_root=mooncake_store_spec) as (store, ctl, http):
+    async with rig(tmp_path, redis_url, redis_prefix, store_root=mooncake_store_spec) as (store, ctl, _http):
         await ctl.tick()
         assert "2 new samples < 3" in ctl.training.last_verdicts["alpha"].reason
         mooncake_ops(mooncake_store_spec, [["put", "alpha", "req-2", 8, 2]])
