@@ -181,17 +181,18 @@ class MooncakeSampleStore:
         from safetensors.torch import save
 
         blob = save({k: v.contiguous() for k, v in tensors.items()}, metadata=meta.to_metadata())
-        return self.put_bytes(tenant, request_id, blob, meta)
+        return self.put_bytes(tenant, request_id, blob)
 
-    def put_bytes(self, tenant: str, request_id: str, blob: bytes, meta: SampleMeta | None = None) -> SampleKey:
-        """A sample larger than the bound or the transfer buffer is refused (ValueError)."""
+    def put_bytes(self, tenant: str, request_id: str, blob: bytes) -> SampleKey:
+        """A sample larger than the bound or the transfer buffer is refused
+        (ValueError). Its `SampleMeta` (from the blob's header) is indexed."""
         if len(blob) > self.max_bytes:
             raise ValueError(f"capture store: a {len(blob)}-byte sample exceeds max_bytes={self.max_bytes}")
         if len(blob) > self.location.buffer_bytes:
             raise ValueError(f"capture store: a {len(blob)}-byte sample exceeds the transfer buffer "
                              f"(buffer_bytes={self.location.buffer_bytes})")
         key = self.key_for(tenant, request_id)
-        meta = meta or _meta_of(blob)
+        meta = _meta_of(blob)
         meta_json = json.dumps(meta.to_metadata() if meta is not None else None)
         with self._lock:
             self._evict_locked(incoming=len(blob), now=time.time())

@@ -103,10 +103,9 @@ class SampleStore:
         from safetensors.torch import save
 
         blob = save({k: v.contiguous() for k, v in tensors.items()}, metadata=meta.to_metadata())
-        return self.put_bytes(tenant, request_id, blob, meta)
+        return self.put_bytes(tenant, request_id, blob)
 
-    def put_bytes(self, tenant: str, request_id: str, blob: bytes, meta: SampleMeta | None = None) -> Path:
-        """`meta`: unused here (the blob carries it); the Mooncake store indexes it."""
+    def put_bytes(self, tenant: str, request_id: str, blob: bytes) -> Path:
         if len(blob) > self.max_bytes:
             raise ValueError(f"capture store: a {len(blob)}-byte sample exceeds max_bytes={self.max_bytes}")
         path = self.path_for(tenant, request_id)

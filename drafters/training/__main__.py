@@ -72,9 +72,9 @@ def _load(args, spec, num_layers):
 
 def _baseline(args, target_config):
     """The drafter training starts from: the current checkpoint, or a fresh seeded one."""
-    import torch
-
     from .model import build, read_checkpoint_config, resolve_spec
+
+    import torch
 
     if args.init_from:
         cfg = read_checkpoint_config(args.init_from)
