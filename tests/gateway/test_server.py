@@ -190,7 +190,9 @@ def test_three_thousand_trickling_connections_are_closed_by_the_header_timeout_w
         if hard != resource.RLIM_INFINITY and hard < need:
             pytest.skip(f"needs {need} file descriptors, the hard limit is {hard}")
         resource.setrlimit(resource.RLIMIT_NOFILE, (need, hard))
-    gateway, _ = gw(header_timeout_s=3.0)
+    # The header timeout outlasts opening the 3,000 connections on a loaded box (at 3 s, a
+    # full run saw only 2,593 held: the first ones had already been answered 408).
+    gateway, _ = gw(header_timeout_s=10.0)
     port = gateway.server.port
     sel = selectors.DefaultSelector()  # epoll: select() stops at fd 1024
     socks = []
@@ -202,7 +204,8 @@ def test_three_thousand_trickling_connections_are_closed_by_the_header_timeout_w
             sel.register(sock, selectors.EVENT_READ)
             socks.append(sock)
         held = gateway.server.server.server_state.connections
-        assert len(held) >= 2900  # under the default cap (4096): held, not refused
+        # Under the default cap (4096): held, not refused (the server's accept loop may lag the client's).
+        wait_for(lambda: len(held) >= 2900, timeout=5)
         for _ in range(5):  # other clients are served while the 3,000 are held
             assert httpx.get(gateway.url + "/health", timeout=5).status_code == 200
         answers: dict[socket.socket, bytes] = {}
