@@ -1,11 +1,14 @@
 """The live-traffic drafter loop, end to end on real vLLM CPU servers.
 
-    .venv/bin/python bench/drafter_loop.py            # ~50 min on 2 cores
+    .venv/bin/python bench/drafter_loop.py            # ~20-50 min on 2 cores
     .venv/bin/python bench/drafter_loop.py --help
 
 What runs (every part is the shipped one; nothing is simulated):
-  - the target: the generated tiny Qwen3 of the test tier (random seeded weights: its greedy
-    output is a deterministic function of the context, i.e. learnable);
+  - the target (`--target`): by default `taught`, the test tier's tiny Qwen3 architecture and
+    tokenizer with its weights trained for 400 steps on word chains (tests/vllm_support/tiny_model.py
+    `chain_corpus`: in each tenant's half of the vocabulary every word has a likely successor), so
+    its greedy output depends on the context as a language model's does; `tiny` is the test tier's
+    random-weight model, whose greedy output is a hash of the context that settles into loops;
   - the fleet drafter: an untrained (random-weight) speculators-format DSpark checkpoint, built
     with `DSparkDraftModel.from_training_args` as the test bed does; both tenants start on it;
   - vLLM CPU servers: the fleet replica (DSpark, V2 model runner through the Triton-interpreter
@@ -58,8 +61,7 @@ from tests.vllm_support.launcher import (  # noqa: E402
     generate_model,
     ngram_speculation,
 )
-from tests.vllm_support.tiny_model import _WORDS  # noqa: E402
-from tests.vllm_support.tiny_model import SPEC_VERSION as TARGET_VERSION  # noqa: E402
+from tests.vllm_support.tiny_model import SPEC_VERSIONS, domains  # noqa: E402
 
 SERVED = "tiny-qwen3"
 TENANTS = ("code", "prose")  # `code` opts in to capture and gets its own drafter; `prose` is the control
@@ -67,8 +69,9 @@ CAPTURED_TENANT = "code"
 DRAFTER_ID = "code-r1"
 TRITON_CPU = REPO / "tests" / "drafters" / "vllm_ext" / "triton_cpu"
 DSPARK_ENV = {"TRITON_INTERPRET": "1", "VLLM_USE_V2_MODEL_RUNNER": "1"}
-# The two prompt distributions: disjoint halves of the tiny tokenizer's vocabulary of words.
-VOCAB = {"code": _WORDS[: len(_WORDS) // 2], "prose": _WORDS[len(_WORDS) // 2 :]}
+# The two prompt distributions: disjoint halves of the tiny tokenizer's vocabulary of words
+# (the taught target's corpus uses the same halves, each with its own word chains).
+VOCAB = domains()
 
 
 def prompts(tenant: str, n: int, seed: int) -> list[str]:
@@ -221,6 +224,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--store", choices=("tmpfs", "mooncake"), default="tmpfs",
                    help="the capture store: a /dev/shm directory, or Mooncake Store (a master and a store node "
                         "started here, the index in the bench's Redis)")
+    p.add_argument("--target", choices=("taught", "tiny"), default="taught",
+                   help="the target: `taught` (the tiny Qwen3 trained on word chains: its output depends on "
+                        "its context as a language model's does) or `tiny` (the test tier's random-weight one)")
     p.add_argument("--out", type=Path, default=REPO / ".cache" / "specgate" / "drafter_loop.json")
     p.add_argument("--log-dir", type=Path, default=None)
     return p.parse_args(argv)
@@ -248,13 +254,14 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901 -- one linear scri
             say(f"capture store: Mooncake Store at {mooncake.master} (store node segment {segment_bytes_for(max_bytes)} B)")
         report["store_backend"] = args.store
         # 0. the target and the fleet's (untrained) drafter
-        model = generate_model(vllm_env.cache_dir() / TARGET_VERSION, "tiny")
+        model = generate_model(vllm_env.cache_dir() / SPEC_VERSIONS[args.target], args.target)
         fleet_drafter = work / "fleet-drafter"
         vllm_python(str(REPO / "tests/drafters/vllm_ext/tiny_dspark.py"), str(model), str(fleet_drafter))
         block = json.loads((fleet_drafter / "config.json").read_text())["speculators_config"]["proposal_methods"][0]["speculative_tokens"]
         layers = capture_layer_ids_for(json.loads((fleet_drafter / "config.json").read_text()),
                                        json.loads((model / "config.json").read_text()))
         say(f"target {model.name}, fleet drafter block {block}, capture layers {layers}")
+        report["target"] = model.name
         held = {t: prompts(t, args.heldout, seed=2) for t in TENANTS}
 
         # 1. ngram on the same target and held-out prompts (the lookup baseline)

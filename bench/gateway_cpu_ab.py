@@ -107,6 +107,8 @@ class Callgrind:
         # "  Totals:    Ir\n   Th 1  36,818\n   Th 2  ..." (one line per thread)
         counts = [int(m) for m in re.findall(r"^\s*Th\s+\d+\s+(\d+)", text.replace(",", ""), re.MULTILINE)]
         if not counts:
+            if "Totals:" in text:  # nothing executed under instrumentation yet: no thread lines
+                return 0
             raise RuntimeError(f"callgrind_control printed no Ir counter: {text!r}")
         return sum(counts)
 

@@ -9,7 +9,9 @@ so any text encodes) and carries a ChatML template so `/v1/chat/completions`
 works.
 
 Weights are random but seeded, so the checkpoint (and hence greedy output) is
-the same on every machine and run.
+the same on every machine and run (`taught`: then trained, seeded, on one or
+two CPU threads; its greedy output is pinned by what it learned, not by float
+details).
 
 Run it INSIDE .venv-vllm (the gateway's .venv has no torch):
 
@@ -17,8 +19,13 @@ Run it INSIDE .venv-vllm (the gateway's .venv has no torch):
     .venv-vllm/bin/python tests/vllm_support/tiny_model.py --arch mid OUT_DIR
 
 `--arch` picks a named architecture (ARCHS); the default `tiny` is the test
-tier's model. `mid` is bench/real_sweep.py's ~100M-parameter Qwen3 (hidden
-1024, 8 layers, 16 heads of 64, tied embeddings, bf16): big enough that a
+tier's model. `taught` is the same architecture and tokenizer, its random
+weights then trained for a few hundred steps on a corpus of word chains
+(`chain_corpus`): bench/drafter_loop.py's target, whose greedy output depends
+on its context the way a language model's does, so a drafter can learn it from
+traffic (a random target's output is a hash of the context: only copying a
+loop it has already printed generalises). `mid` is bench/real_sweep.py's
+~100M-parameter Qwen3 (hidden 1024, 8 layers, 16 heads of 64, tied embeddings, bf16): big enough that a
 2-core CPU turns compute-bound at a few dozen tokens per step, which is the
 regime change speculation has to respect; same tokenizer and seed. Each arch
 has its own SPEC_VERSIONS entry.
@@ -69,6 +76,7 @@ MID_ARCH = dict(
 ARCHS = {
     "tiny": (ARCH, "float32", SPEC_VERSION),
     "mid": (MID_ARCH, "bfloat16", "mid-qwen3-v1"),
+    "taught": (ARCH, "float32", "taught-qwen3-v1"),  # `tiny`, then `teach()` on `chain_corpus()`
 }
 SPEC_VERSIONS = {name: version for name, (_, _, version) in ARCHS.items()}
 SEED = 1234
@@ -103,6 +111,82 @@ def corpus(lines: int = 3000) -> list[str]:
         sentence = " ".join(rng.choice(_WORDS) for _ in range(n))
         out.append(sentence.capitalize() + rng.choice([".", "!", "?", ","]) + f" {i % 100}")
     return out
+
+
+def domains() -> dict[str, list[str]]:
+    """Two disjoint halves of the vocabulary of words: the `code` and `prose`
+    prompt distributions of bench/drafter_loop.py and of the taught target's corpus."""
+    half = len(_WORDS) // 2
+    return {"code": list(_WORDS[:half]), "prose": list(_WORDS[half:])}
+
+
+# The taught target's corpus: in each domain every word has two likely successors and
+# a little noise, so the next word depends on the context (mostly the last word, as
+# in a bigram language model) and greedy decoding follows each word's likelier successor.
+CHAIN_FIRST, CHAIN_SECOND = 0.7, 0.25  # the rest: any word of the domain
+
+
+def successor_table(seed: int = SEED) -> dict[str, tuple[str, str]]:
+    """Per word, its two successors (each within the word's domain, never itself)."""
+    import random
+
+    rng = random.Random(f"successors-{seed}")
+    table = {}
+    for words in domains().values():
+        for w in words:
+            first, second = rng.sample([x for x in words if x != w], 2)
+            table[w] = (first, second)
+    return table
+
+
+def chain_corpus(sentences: int = 4000, length: int = 40, seed: int = SEED) -> list[str]:
+    """Word walks through `successor_table`, each within one domain."""
+    import random
+
+    rng = random.Random(f"chains-{seed}")
+    table = successor_table(seed)
+    doms = list(domains().values())
+    out = []
+    for _ in range(sentences):
+        words = rng.choice(doms)
+        w = rng.choice(words)
+        walk = [w]
+        for _ in range(length - 1):
+            r = rng.random()
+            w = table[w][0] if r < CHAIN_FIRST else table[w][1] if r < CHAIN_FIRST + CHAIN_SECOND else rng.choice(words)
+            walk.append(w)
+        out.append(" ".join(walk))
+    return out
+
+
+TEACH_STEPS = 400  # the loss reaches the corpus entropy (~0.94 nats) within ~100
+
+
+def teach(model, tokenizer_file: str, steps: int = TEACH_STEPS, batch: int = 32, lr: float = 3e-3) -> list[float]:
+    """Train `model` (in place, CPU, seeded) on `chain_corpus()` with the
+    next-token loss; returns the loss every 100 steps."""
+    import torch
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(tokenizer_file)
+    rows = [tok.encode(" " + text).ids for text in chain_corpus()]
+    width = min(len(r) for r in rows)
+    data = torch.tensor([r[:width] for r in rows], dtype=torch.long)
+    gen = torch.Generator().manual_seed(SEED)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    model.train()
+    losses = []
+    for step in range(steps):
+        idx = torch.randint(0, data.shape[0], (batch,), generator=gen)
+        x = data[idx]
+        loss = model(input_ids=x, labels=x).loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        if step % 100 == 0 or step == steps - 1:
+            losses.append(round(loss.item(), 4))
+    model.eval()
+    return losses
 
 
 def build_tokenizer(out_dir: str) -> dict:
@@ -159,6 +243,12 @@ def build_model(out_dir: str, ids: dict, vocab_size: int, arch: str = "tiny") ->
     )
     config.architectures = ["Qwen3ForCausalLM"]
     model = Qwen3ForCausalLM(config).to(getattr(torch, dtype)).eval()
+    if arch == "taught":
+        torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+        losses = teach(model, os.path.join(out_dir, "tokenizer.json"))
+        with open(os.path.join(out_dir, "teaching.json"), "w") as f:
+            json.dump({"corpus": "chain_corpus", "steps": TEACH_STEPS, "loss_every_100": losses,
+                       "successors": {"first": CHAIN_FIRST, "second": CHAIN_SECOND}}, f, indent=2)
     model.save_pretrained(out_dir, safe_serialization=True)
     GenerationConfig(
         bos_token_id=ids["<|endoftext|>"], eos_token_id=ids["<|im_end|>"], pad_token_id=ids["<|endoftext|>"]
@@ -194,7 +284,7 @@ def generate(out_dir: str, arch: str = "tiny") -> str:
 def main(argv: list[str]) -> None:
     import argparse
 
-    parser = argparse.ArgumentParser(description="Generate a random-weight Qwen3 checkpoint + tokenizer.")
+    parser = argparse.ArgumentParser(description="Generate a tiny Qwen3 checkpoint + tokenizer.")
     parser.add_argument("--arch", choices=sorted(ARCHS), default="tiny", help="named architecture (default: tiny)")
     parser.add_argument("out_dir")
     args = parser.parse_args(argv)
