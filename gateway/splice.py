@@ -85,37 +85,42 @@ def _payload(event: bytes) -> Any:
         return None
 
 
-# One mid-stream token chunk in vLLM's one-line layout, ids asked for (the
-# common event of a continuable stream): one choice, only `content` in the
-# delta (chat), no logprobs, no finish_reason, the ids last. Matched from the
-# choice to the event's end (found with rfind, so the engine never scans).
-_CHAT_CHOICE = b'[{"index":0,"delta":{"content":"'
-_CHAT_TOKEN = re.compile(
-    rb'\[\{"index":0,"delta":\{"content":"(?:[^"\\\n]|\\.)*"\},"logprobs":null,"finish_reason":null'
-    rb'(,"token_ids":\[[0-9,]*\])\}\]\}'
-)
-_TEXT_CHOICE = b'[{"index":0,"text":"'
-_TEXT_TOKEN = re.compile(
-    rb'\[\{"index":0,"text":"(?:[^"\\\n]|\\.)*","logprobs":null,"finish_reason":null,"stop_reason":null'
-    rb'(,"prompt_token_ids":null,"token_ids":\[[0-9,]*\])\}\]\}'
-)
+# The ids field of a token chunk as vLLM lays it out: the last member of the
+# only choice, the event's JSON closing right after it (a completion chunk's
+# `"prompt_token_ids":null` goes with it). Cut where the parser would pop it.
+_CHAT_IDS = re.compile(rb',"token_ids":\[[0-9,]*\]\}\]\}\n\n')
+_TEXT_IDS = re.compile(rb',"prompt_token_ids":null,"token_ids":\[[0-9,]*\]\}\]\}\n\n')
 _AFTER_IDS = b"}]}\n\n"
+_EVENT_START = b"\n\ndata: {"
+_CHOICE = b'"choices":[{"index":0,'
 
 
-def token_event_ids_at(buf: bytes, chat: bool, start: int, end: int) -> int | None:
-    """Where the ids field starts (it runs to `end` - 3) if `buf[start:end]`
-    (one SSE event, without its blank line) is a mid-stream token chunk in
-    vLLM's layout; None for any other event, which the parser handles. Cut
-    there, the event is what re-serialising the parsed chunk without its ids
-    gives (a completion chunk's `"prompt_token_ids":null` goes with them)."""
-    if not buf.startswith(b"data: {", start):
+def cut_token_ids(block: bytes, chat: bool, strip_ids: bool) -> tuple[bytes, int] | None:
+    """`block` (whole SSE events, each with its blank line) as the client is
+    sent it, and how many events it holds, if every event in it is one the
+    parser would relay untouched but for the ids it pops -- one-line
+    `data: {...}` choice chunks (so no usage chunk, no error, no `[DONE]`),
+    no prompt ids, no empty delta, every ids field where vLLM puts it --
+    else None (the caller parses it event by event). A handful of C-level scans of the whole block, however many
+    events it holds: why, see `LedgerTap`. The markers are counted in raw
+    JSON, where a quote inside a string is always escaped and a newline
+    never raw, so a marker found is structure, not text."""
+    events = block.count(_EVENT_START) + 1
+    # Newlines only at the events' ends: each event is one line, and each starts with `data: {`.
+    if not block.startswith(b"data: {") or block.count(b"\n") != 2 * events or block.count(_CHOICE) != events:
         return None
-    choice, pattern = (_CHAT_CHOICE, _CHAT_TOKEN) if chat else (_TEXT_CHOICE, _TEXT_TOKEN)
-    at = buf.rfind(choice, start, end)
-    if at < 0 or buf.find(b"\n", start, at) >= 0:  # not there, or an event of several data lines
-        return None
-    m = pattern.fullmatch(buf, at, end)
-    return m.start(1) if m is not None else None
+    if not strip_ids:
+        return block, events
+    if chat:
+        if block.count(b'"delta":{"') != events:  # an empty delta is dropped, not cut
+            return None
+        out, cut = _CHAT_IDS.subn(_AFTER_IDS, block)
+        fields = cut
+    else:
+        out, cut = _TEXT_IDS.subn(_AFTER_IDS, block)
+        fields = 2 * cut  # each cut took `"prompt_token_ids":null` with the ids
+    # No ids field (prompt or output) is left in the events that a cut did not take.
+    return (out, events) if block.count(b'token_ids":') == fields else None
 
 
 # Raw reads kept for the ledger before they are parsed into it (see LedgerTap.settle).
@@ -142,14 +147,15 @@ class LedgerTap:
     MAX_UNSETTLED_BYTES, then parsed into the ledger) and parsed only when
     someone needs the ledger -- `settle()`, called where a stream is
     continued or captured. A stream that ends whole is never parsed event
-    by event: a mid-stream token chunk in vLLM's layout is forwarded with
-    its ids cut out of the bytes (`token_event_ids_at`), however the reads
-    group the events, and only the first chunk, the last, the usage chunk
-    and anything unusual go through the parser for what the client is
-    sent. Why: every token of every continuable stream passes here, and
-    parsing, editing and re-serialising each event made such a stream ~25 %
-    dearer in gateway instructions than one relayed untouched
-    (docs/gateway.md#performance)."""
+    by event: the token chunks of a read, however many, are forwarded with
+    their ids cut out of the bytes in one pass (`cut_token_ids`), and only
+    the first chunk (the prompt's ids), the usage chunk, `[DONE]` and
+    anything unusual go through the parser for what the client is sent.
+    Why: every token of every continuable stream passes here. Parsing,
+    editing and re-serialising each event made such a stream ~25 % dearer
+    in gateway instructions than one relayed untouched, and even a regex
+    and a Python step per event cost the tap 2.4x `StreamTap`'s
+    instructions (docs/gateway.md#performance)."""
 
     __slots__ = ("strip_usage", "strip_ids", "chat", "ledger", "hold_errors", "_buf", "usage", "metrics", "events",
                  "saw_done", "error", "_unsettled", "_unsettled_bytes")
@@ -180,26 +186,50 @@ class LedgerTap:
             self._unsettled_bytes += len(data)
             if self._unsettled_bytes > MAX_UNSETTLED_BYTES:  # a long stream: parsed as it goes, in batches
                 self.settle()
+        size = len(data)
+        if self.error is not None:
+            return self._each(data, 0, size)
+        # A read is one token chunk (a replica streaming token by token), or
+        # token chunks in a row, perhaps after the first chunk (the prompt's
+        # ids) and before the usage chunk and [DONE]: those are cut in one
+        # pass, the events around them parsed.
+        head = data.find(_SEP) + 2
+        if head == size:
+            head = 0
+            tail = size
+        else:
+            if data.find(b'"prompt_token_ids":[', 0, head) < 0:  # prompt ids anywhere else: the cut refuses the read
+                head = 0
+            tail = data.rfind(b'"token_ids":', head)
+            if tail < 0:
+                return self._each(data, 0, size)
+            tail = data.find(_SEP, tail) + 2
+        if head == 0 and tail == size:
+            cut = cut_token_ids(data, self.chat, self.strip_ids)
+            if cut is None:
+                return self._each(data, 0, size)
+            self.events += cut[1]
+            return cut[0]
+        cut = cut_token_ids(data[head:tail], self.chat, self.strip_ids)
+        if cut is None:
+            return self._each(data, 0, size)
+        first = self._each(data, 0, head) if head else b""
+        if self.error is not None:  # the first event was an engine error: the rest is the loop's
+            return first + self._each(data, head, size)
+        self.events += cut[1]
+        return b"".join((first, cut[0], self._each(data, tail, size) if tail < size else b""))
+
+    def _each(self, data: bytes, pos: int, size: int) -> bytes:
+        """`data[pos:size]` (whole events) relayed event by event through the parser."""
         out: list[bytes] = []
-        pos, size = 0, len(data)
         while pos < size:
             end = data.find(_SEP, pos)
             start, pos = pos, end + 2
             if end == start:
                 continue
             self.events += 1
-            if self.error is not None:
-                if self.hold_errors:
-                    continue
-            else:
-                at = token_event_ids_at(data, self.chat, start, end)
-                if at is not None:
-                    if self.strip_ids:
-                        out.append(data[start:at])
-                        out.append(_AFTER_IDS)
-                    else:
-                        out.append(data[start:pos])
-                    continue
+            if self.error is not None and self.hold_errors:
+                continue
             event = self._parsed(data[start:end])
             if event is not None:
                 out.append(event)

@@ -216,9 +216,10 @@ def test_ledger_tap_relays_and_records_vllm_streams_as_parsing_each_event_would(
     assert led.sent_ids == [i for c in choices for i in c["choices"][0].get("token_ids", [])]
     assert led.sent_text == "".join((c["choices"][0]["delta"].get("content") if chat else c["choices"][0]["text"]) for c in choices)
     assert led.finish_reason == "length" and led.why_not() is None
-    # Only the first chunk, the last, usage and [DONE] were parsed to relay them;
-    # the mid-stream token chunks were relayed off their bytes, however they were read.
-    assert parsed_while_relaying == 4
+    # Only the first chunk (the prompt's ids), usage and [DONE] were parsed to relay
+    # them; the token chunks, the last included, were cut off their bytes, however read.
+    # (With the ids kept, a first chunk read alone has nothing to cut: relayed as it is.)
+    assert parsed_while_relaying == 3 if strip_ids else 2 <= parsed_while_relaying <= 3
     assert tap.settle().sent_ids == led.sent_ids  # settling twice records nothing twice
 
 
@@ -247,12 +248,59 @@ def test_ledger_tap_keeps_a_bounded_backlog_of_unparsed_events():
 def test_reads_the_byte_path_cannot_cut_exactly_go_through_the_parser(read):
     parser = LedgerTap(strip_usage=False, strip_ids=True, chat=True, ledger=StreamLedger())
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(splice, "token_event_ids_at", lambda *args: None)  # every event parsed
+        mp.setattr(splice, "cut_token_ids", lambda *args: None)  # every event parsed
         expected = parser.feed(read)
     assert expected != read or b'"token_ids":null' in read  # the parser did change it (or had nothing to cut)
     tap = LedgerTap(strip_usage=False, strip_ids=True, chat=True, ledger=StreamLedger())
     assert tap.feed(read) == expected
     assert tap.settle().sent_text == parser.settle().sent_text == "a"
+
+
+_CHAT_TOKENS = b"".join(e + b"\n\n" for e in VLLM_CHAT[1:6])
+_TEXT_TOKENS = b"".join(e + b"\n\n" for e in VLLM_COMPLETIONS[1:4])
+
+
+@pytest.mark.parametrize("odd", [
+    b'data: {"id":"c","choices":[{"index":0,"delta":{},"logprobs":null,"finish_reason":null,"token_ids":[9]}]}\n\n',  # dropped
+    b'data: {"id":"c","choices":[{"index":0,"delta":null,"logprobs":null,"finish_reason":null,"token_ids":[9]}]}\n\n',
+    b'data: {"error":{"message":"engine died","code":500}}\n\n',
+    b'data: {"error":{"message":"engine died","code":500},"prompt_token_ids":[4]}\n\n',  # read as a first chunk
+    b'data: {"id":"c","choices":[{"index":0,"delta":{"content":"x"},"logprobs":null,"finish_reason":null}],"usage":{"prompt_tokens":1}}\n\n',
+    b'data: {"id":"c","choices":[{"index":0,"delta":{"content":"x"},"logprobs":null,"finish_reason":null,"token_ids":[9]}],"prompt_token_ids":[4]}\n\n',
+    b'data: {"id":"c","choices":[{"index":0,"delta":{"content":"x"},"logprobs":null,"finish_reason":null,"token_ids": [9]}]}\n\n',
+    b'data: {"id":"c","choices":[],"usage":{"prompt_tokens":1,"completion_tokens":2,"total_tokens":3}}\n\n',
+    (b'data: {"id":"c","prompt_token_ids":null,"choices":[{"index":0,"delta":{"content":"x"},"text":"x","logprobs":null,'
+     b'"finish_reason":null,"stop_reason":null,"prompt_token_ids":null,"token_ids":[9]}]}\n\n'),
+    b'data: {"id":"c","choices":[{"index":0,"delta":{"content":"data: {[DONE] \\"usage\\""},"logprobs":null,"finish_reason":null,"token_ids":[9]}]}\n\n',
+    b": a comment line\n\n",
+    b'data:{"id":"c","choices":[{"index":0,"delta":{"content":"x"},"logprobs":null,"finish_reason":null,"token_ids":[9]}]}\n\n',
+    b"\n\n",  # an empty event
+    b'event: token\ndata: {"id":"c","choices":[{"index":0,"delta":{"content":"x"},"logprobs":null,"finish_reason":null,"token_ids":[9]}]}\n\n',
+    b"data: [DONE]\n\n",
+], ids=["empty delta", "null delta", "error", "error with prompt ids", "usage in a chunk", "prompt ids", "spaced ids", "usage chunk",
+        "prompt ids elsewhere", "markers in text", "comment", "no space",
+        "empty event", "event field", "done"])
+@pytest.mark.parametrize("chat", [True, False], ids=["chat", "completions"])
+@pytest.mark.parametrize("strip_ids", [True, False])
+@pytest.mark.parametrize("hold_errors", [True, False])
+def test_an_odd_event_among_token_chunks_gets_what_parsing_every_event_gives(odd, chat, strip_ids, hold_errors):
+    """However a read mixes token chunks and other events, the one-pass cut
+    forwards and counts exactly what the parser does event by event."""
+    tokens = _CHAT_TOKENS if chat else _TEXT_TOKENS
+    read = tokens + odd + tokens
+
+    def relay(tap, reads):
+        return b"".join(tap.feed(r) for r in reads), tap
+
+    for reads in ([read[:1000], read[1000:]], [odd + tokens, tokens], [e + b"\n\n" for e in read.split(b"\n\n") if e] + [odd] * (odd == b"\n\n")):
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(splice, "cut_token_ids", lambda *args: None)
+            expected, parser = relay(LedgerTap(False, strip_ids, chat, StreamLedger(), hold_errors), reads)
+        out, tap = relay(LedgerTap(False, strip_ids, chat, StreamLedger(), hold_errors), reads)
+        assert out == expected
+        assert (tap.events, tap.error, tap.usage, tap.saw_done) == (parser.events, parser.error, parser.usage, parser.saw_done)
+        assert tap.settle().sent_ids == parser.settle().sent_ids
+    assert splice.cut_token_ids(tokens, chat, strip_ids)[1] == tokens.count(b"\n\n")  # token chunks alone take the cut
 
 
 def test_ledger_tap_notes_an_engine_error_event_instead_of_forwarding_it():
