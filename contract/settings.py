@@ -135,6 +135,10 @@ class TracingConfig(_Strict):
     service_name: str = "specgate-gateway"
 
 
+# Below vLLM's own 5 s keep-alive (see GatewaySettings.upstream_keepalive_s).
+UPSTREAM_KEEPALIVE_S = 4.0
+
+
 class GatewaySettings(_Strict):
     """The data plane."""
 
@@ -248,6 +252,12 @@ class GatewaySettings(_Strict):
     # Upstream HTTP client.
     upstream_pool_size: int = Field(default=256, ge=1)
     upstream_client: Literal["aiohttp", "httpx"] = "aiohttp"
+    upstream_keepalive_s: float = Field(
+        default=UPSTREAM_KEEPALIVE_S, gt=0,
+        description="idle upstream connections are dropped after this long; keep it below the replicas' own "
+                    "keep-alive (vLLM's uvicorn: 5 s, VLLM_HTTP_TIMEOUT_KEEP_ALIVE), or a request can be sent on a "
+                    "connection the replica is closing, fail and wait out a retry backoff",
+    )
     # Drafter training data (contract.capture): where opted-in tenants' requests are mirrored.
     capture: CaptureTarget = Field(default_factory=CaptureTarget)
 

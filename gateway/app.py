@@ -97,9 +97,10 @@ class GatewayState:
         s = self.settings.gateway
         if self.store is None:
             self.store = create_store(self.settings.redis_url, self.settings.redis_prefix)
-        self.upstream = create_upstream(s.upstream_client, s.upstream_pool_size, s.connect_timeout_s, s.read_timeout_s)
+        self.upstream = create_upstream(s.upstream_client, s.upstream_pool_size, s.connect_timeout_s, s.read_timeout_s, s.upstream_keepalive_s)
         if s.capture.url:
-            self.capture = CaptureMirror(s.capture, self.metrics, upstream_client=s.upstream_client, connect_timeout_s=s.connect_timeout_s)
+            self.capture = CaptureMirror(s.capture, self.metrics, upstream_client=s.upstream_client, connect_timeout_s=s.connect_timeout_s,
+                                     keepalive_s=s.upstream_keepalive_s)
             self.capture.start()
         # Leases save a Redis round trip; the embedded store has none to save.
         lease_fraction = 0.0 if isinstance(self.store, MemoryStore) else s.budget_lease_fraction

@@ -38,6 +38,7 @@ import orjson
 
 from contract.capture import CAPTURE_REQUEST_PREFIX, CaptureTarget, capture_request_body
 from contract.policy import SpeculationPolicy
+from contract.settings import UPSTREAM_KEEPALIVE_S
 
 from .budget_guard import BudgetGuard, StoreDown
 from .capture import (
@@ -90,7 +91,7 @@ class CaptureMirror:
 
     def __init__(self, target: CaptureTarget, metrics: GatewayMetrics, *, upstream: Upstream | None = None,
                  clock: Callable[[], float] = time.monotonic, draw: Callable[[], float] = random.random,
-                 upstream_client: str = "aiohttp", connect_timeout_s: float = 2.0) -> None:
+                 upstream_client: str = "aiohttp", connect_timeout_s: float = 2.0, keepalive_s: float = UPSTREAM_KEEPALIVE_S) -> None:
         self.target = target
         self.url = (target.url or "").rstrip("/")
         self.metrics = metrics
@@ -102,7 +103,7 @@ class CaptureMirror:
         self.queue: asyncio.Queue[tuple[CapturePlan, list[int], list[int]]] = asyncio.Queue(target.queue_size)
         self._upstream = upstream
         self._own_upstream = upstream is None
-        self._client, self._connect_timeout_s = upstream_client, connect_timeout_s
+        self._client, self._connect_timeout_s, self._keepalive_s = upstream_client, connect_timeout_s, keepalive_s
         self._workers: list[asyncio.Task] = []
         metrics.capture_queue_depth.set_function(self.queue.qsize)
 
@@ -141,7 +142,8 @@ class CaptureMirror:
     # -- workers ----------------------------------------------------------------
     def start(self) -> None:
         if self._upstream is None:
-            self._upstream = create_upstream(self._client, self.target.concurrency, self._connect_timeout_s, self.target.timeout_s)
+            self._upstream = create_upstream(self._client, self.target.concurrency, self._connect_timeout_s, self.target.timeout_s,
+                                             self._keepalive_s)
         self._workers = [asyncio.ensure_future(self._worker()) for _ in range(self.target.concurrency)]
 
     async def stop(self, drain_s: float = DRAIN_S) -> None:
