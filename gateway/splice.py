@@ -101,10 +101,11 @@ def cut_token_ids(block: bytes, chat: bool, strip_ids: bool) -> tuple[bytes, int
     parser would relay untouched but for the ids it pops -- one-line
     `data: {...}` choice chunks (so no usage chunk, no error, no `[DONE]`),
     no prompt ids, no empty delta, every ids field where vLLM puts it --
-    else None (the caller parses it event by event). A handful of C-level scans of the whole block, however many
-    events it holds: why, see `LedgerTap`. The markers are counted in raw
-    JSON, where a quote inside a string is always escaped and a newline
-    never raw, so a marker found is structure, not text."""
+    else None (the caller parses it event by event). A handful of C-level
+    scans of the whole block, however many events it holds: why, see
+    `LedgerTap`. The markers are counted in raw JSON, where a quote inside
+    a string is always escaped and a newline never raw, so a marker found
+    is structure, not text."""
     events = block.count(_EVENT_START) + 1
     # Newlines only at the events' ends: each event is one line, and each starts with `data: {`.
     if not block.startswith(b"data: {") or block.count(b"\n") != 2 * events or block.count(_CHOICE) != events:
@@ -204,19 +205,16 @@ class LedgerTap:
             if tail < 0:
                 return self._each(data, 0, size)
             tail = data.find(_SEP, tail) + 2
-        if head == 0 and tail == size:
-            cut = cut_token_ids(data, self.chat, self.strip_ids)
-            if cut is None:
-                return self._each(data, 0, size)
-            self.events += cut[1]
-            return cut[0]
-        cut = cut_token_ids(data[head:tail], self.chat, self.strip_ids)
+        whole = head == 0 and tail == size
+        cut = cut_token_ids(data if whole else data[head:tail], self.chat, self.strip_ids)
         if cut is None:
             return self._each(data, 0, size)
         first = self._each(data, 0, head) if head else b""
         if self.error is not None:  # the first event was an engine error: the rest is the loop's
             return first + self._each(data, head, size)
         self.events += cut[1]
+        if whole:
+            return cut[0]
         return b"".join((first, cut[0], self._each(data, tail, size) if tail < size else b""))
 
     def _each(self, data: bytes, pos: int, size: int) -> bytes:

@@ -24,8 +24,6 @@ import aiohttp
 import httpx
 import yarl
 
-from contract.settings import UPSTREAM_KEEPALIVE_S
-
 HOP_BY_HOP = frozenset(
     {
         b"connection",
@@ -119,7 +117,7 @@ class _AiohttpResponse:
 
 
 class AiohttpUpstream:
-    def __init__(self, pool_size: int, connect_timeout_s: float, read_timeout_s: float, keepalive_s: float = UPSTREAM_KEEPALIVE_S) -> None:
+    def __init__(self, pool_size: int, connect_timeout_s: float, read_timeout_s: float, keepalive_s: float) -> None:
         self._connector = aiohttp.TCPConnector(limit=pool_size, limit_per_host=pool_size, keepalive_timeout=keepalive_s, ttl_dns_cache=300)
         self._session = aiohttp.ClientSession(
             connector=self._connector,
@@ -187,7 +185,7 @@ class _HttpxResponse:
 
 
 class HttpxUpstream:
-    def __init__(self, pool_size: int, connect_timeout_s: float, read_timeout_s: float, keepalive_s: float = UPSTREAM_KEEPALIVE_S) -> None:
+    def __init__(self, pool_size: int, connect_timeout_s: float, read_timeout_s: float, keepalive_s: float) -> None:
         self._client = httpx.AsyncClient(
             limits=httpx.Limits(max_connections=pool_size, max_keepalive_connections=pool_size, keepalive_expiry=keepalive_s),
             timeout=httpx.Timeout(connect=connect_timeout_s, read=read_timeout_s, write=read_timeout_s, pool=connect_timeout_s),
@@ -210,7 +208,6 @@ class HttpxUpstream:
         await self._client.aclose()
 
 
-def create_upstream(kind: str, pool_size: int, connect_timeout_s: float, read_timeout_s: float,
-                    keepalive_s: float = UPSTREAM_KEEPALIVE_S) -> Upstream:
+def create_upstream(kind: str, pool_size: int, connect_timeout_s: float, read_timeout_s: float, keepalive_s: float) -> Upstream:
     cls = HttpxUpstream if kind == "httpx" else AiohttpUpstream
     return cls(pool_size, connect_timeout_s, read_timeout_s, keepalive_s)

@@ -59,16 +59,16 @@ def _without_null_ids(data: bytes) -> list[dict]:
 
 def _text(data: bytes) -> str:
     """The completion text of a whole body or a stream's events."""
-    objs = _sse_objects(data) if data.startswith(b"data:") else [orjson.loads(data)]
-    return "".join(
-        c.get("text") or (c.get("delta") or {}).get("content") or (c.get("message") or {}).get("content") or ""
-        for o in objs for c in o.get("choices") or []
-    )
+    return "".join(_event_texts(_sse_objects(data) if data.startswith(b"data:") else [orjson.loads(data)]))
 
 
 def _event_texts(objs: list[dict]) -> list[str]:
-    """Each event's text: where vLLM cut a stream."""
-    return [_text(orjson.dumps(o)) for o in objs]
+    """Each event's (or body's) text: where vLLM cut a stream."""
+    return [
+        "".join(c.get("text") or (c.get("delta") or {}).get("content") or (c.get("message") or {}).get("content") or ""
+                for c in o.get("choices") or [])
+        for o in objs
+    ]
 
 
 def _direct_ids(server, path: str, body: dict) -> tuple[list[int], list[int]]:
