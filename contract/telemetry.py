@@ -103,6 +103,8 @@ class RequestSpecStats:
 
 def _count(value: Any) -> int | None:
     """A non-negative integer count, or None for anything else (bools included)."""
+    if type(value) is int:  # what JSON gives (bool is not `int` here); the rest, per request, only when odd
+        return value if value >= 0 else None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
         return None  # (an infinite count would make int() raise)
     return int(value)

@@ -21,31 +21,22 @@ if TYPE_CHECKING:
     from .request_context import RequestContext
 
 
-class InflightRequests:
-    __slots__ = ("_tasks", "limit")
+class InflightRequests(dict):
+    """task -> its `RequestContext`, for every completion request in flight.
+    A dict itself so that the endpoint's check, add and remove, paid on
+    every request, are `len`, item assignment and `pop` (no Python calls)."""
+
+    __slots__ = ("limit",)
 
     def __init__(self, limit: int) -> None:
+        super().__init__()
         self.limit = limit
-        self._tasks: dict[asyncio.Task, RequestContext] = {}
-
-    def __len__(self) -> int:
-        return len(self._tasks)
-
-    @property
-    def full(self) -> bool:
-        return len(self._tasks) >= self.limit
-
-    def add(self, task: asyncio.Task, ctx: RequestContext) -> None:
-        self._tasks[task] = ctx
-
-    def discard(self, task: asyncio.Task) -> None:
-        self._tasks.pop(task, None)
 
     def abort(self, reason: str, replica: ReplicaState | None = None) -> int:
         """Cancel every request (or those whose current attempt is on
         `replica`) with `reason`; returns how many were cancelled."""
         n = 0
-        for task, ctx in list(self._tasks.items()):
+        for task, ctx in list(self.items()):
             if task.done() or ctx.abort_reason is not None:
                 continue
             if replica is not None and ctx.attempt is not replica:

@@ -4,8 +4,10 @@ Each app gets its own CollectorRegistry so several gateway apps can live in
 one process (tests, embedded stacks) without clashing. Tenant labels are
 bounded: the first `top_n` tenants seen get their own label value, the rest
 are reported as `other` (all of them with `tenant_labels=False`, so a scrape
-names no tenant). Label children are cached because `.labels()` is a
-measurable share of the per-request budget.
+names no tenant). The families every request updates are `hot_metrics`'
+plain-dict ones (a labelled prometheus_client child cost ~1 µs per update);
+the others' label children are cached because `.labels()` is a measurable
+share of the per-request budget too.
 
 Per-tenant speculation state (`specgate_tenant_speculation_*`,
 `specgate_tenant_acceptance_length`) is on every gateway's /metrics, in
@@ -22,6 +24,8 @@ import math
 import time
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from .hot_metrics import HotCounter, HotHistogram
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 _OVERHEAD_BUCKETS = (0.0001, 0.00025, 0.0005, 0.00075, 0.001, 0.0015, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1)
@@ -65,40 +69,32 @@ class GatewayMetrics:
         self.top_n = top_n if tenant_labels else 0  # 0: every tenant is `other`
         self._tenants: set[str] = set()
         r = self.registry
-        self.requests = Counter(
-            "specgate_requests", "Requests finished by the gateway", ["tenant", "replica", "endpoint", "status"], registry=r
+        # -- updated on every request: plain-dict families (gateway.hot_metrics) --
+        self.requests = HotCounter("specgate_requests", "Requests finished by the gateway", ["tenant", "replica", "endpoint", "status"], r)
+        self.latency = HotHistogram(
+            "specgate_request_duration_seconds", "End-to-end request latency seen by the gateway", ["tenant", "replica", "status"], r,
+            _LATENCY_BUCKETS,
         )
-        self.latency = Histogram(
-            "specgate_request_duration_seconds",
-            "End-to-end request latency seen by the gateway",
-            ["tenant", "replica", "status"],
-            buckets=_LATENCY_BUCKETS,
-            registry=r,
-        )
-        self.overhead = Histogram(
+        self.overhead = HotHistogram(
             "specgate_gateway_overhead_seconds",
             "Latency the gateway adds (time in the gateway minus time waiting for the replica; "
             "for streams, up to the first byte)",
             ["endpoint", "stream"],
-            buckets=_OVERHEAD_BUCKETS,
-            registry=r,
+            r,
+            _OVERHEAD_BUCKETS,
         )
-        self.ttft = Histogram(
-            "specgate_upstream_ttft_seconds", "Replica time to first body byte", ["replica"], buckets=_LATENCY_BUCKETS, registry=r
+        self.ttft = HotHistogram("specgate_upstream_ttft_seconds", "Replica time to first body byte", ["replica"], r, _LATENCY_BUCKETS)
+        self.tokens = HotCounter("specgate_tokens", "Tokens accounted per tenant", ["tenant", "kind"], r)
+        self.rejections = HotCounter("specgate_budget_rejections", "Requests denied by a tenant budget", ["tenant", "limit"], r)
+        self.attempts = HotCounter("specgate_upstream_attempts", "Upstream attempts by outcome", ["replica", "outcome"], r)
+        self.drafted = HotCounter("specgate_spec_draft_tokens", "Draft tokens proposed (per-request metrics)", ["tenant", "replica"], r)
+        self.accepted = HotCounter("specgate_spec_accepted_tokens", "Draft tokens accepted (per-request metrics)", ["tenant", "replica"], r)
+        self.spec_steps = HotCounter("specgate_spec_steps", "Verification steps (per-request metrics)", ["tenant", "replica"], r)
+        self.acceptance_length = HotHistogram(
+            "specgate_spec_acceptance_length", "Per-request mean acceptance length (tokens per verification step)", ["tenant", "replica"], r,
+            _AL_BUCKETS,
         )
-        self.tokens = Counter("specgate_tokens", "Tokens accounted per tenant", ["tenant", "kind"], registry=r)
-        self.rejections = Counter("specgate_budget_rejections", "Requests denied by a tenant budget", ["tenant", "limit"], registry=r)
-        self.attempts = Counter("specgate_upstream_attempts", "Upstream attempts by outcome", ["replica", "outcome"], registry=r)
-        self.drafted = Counter("specgate_spec_draft_tokens", "Draft tokens proposed (per-request metrics)", ["tenant", "replica"], registry=r)
-        self.accepted = Counter("specgate_spec_accepted_tokens", "Draft tokens accepted (per-request metrics)", ["tenant", "replica"], registry=r)
-        self.spec_steps = Counter("specgate_spec_steps", "Verification steps (per-request metrics)", ["tenant", "replica"], registry=r)
-        self.acceptance_length = Histogram(
-            "specgate_spec_acceptance_length",
-            "Per-request mean acceptance length (tokens per verification step)",
-            ["tenant", "replica"],
-            buckets=_AL_BUCKETS,
-            registry=r,
-        )
+        # -- the rest change rarely: prometheus_client's own metrics --
         self.replica_healthy = Gauge("specgate_replica_healthy", "1 if the replica is routable", ["replica", "profile"], registry=r)
         self.replica_inflight = Gauge("specgate_replica_inflight", "Requests the gateway has in flight", ["replica"], registry=r)
         self.replica_breaker_open = Gauge("specgate_replica_breaker_open", "1 while the circuit breaker is open", ["replica"], registry=r)

@@ -25,7 +25,7 @@ for streaming and non-streaming requests alike.
 from __future__ import annotations
 
 import asyncio
-import os
+import random
 import time
 
 from .asgi_io import send_error, watch_disconnect
@@ -39,6 +39,10 @@ from .stages import admit, authenticate, parse, route
 __all__ = ["CompletionEndpoint", "send_error"]
 
 _perf = time.perf_counter
+# Request ids tie a client's error to the gateway's log lines; they are not
+# secrets, so the Mersenne Twister (one C call) rather than os.urandom (a
+# system call per request).
+_request_bits = random.getrandbits
 
 
 class CompletionEndpoint:
@@ -57,7 +61,7 @@ class CompletionEndpoint:
             await send_error(send, GatewayError(405, f"Method {scope['method']} not allowed; use POST."))
             return
         inflight = state.inflight_requests
-        if inflight.full or state.draining_closed:
+        if len(inflight) >= inflight.limit or state.draining_closed:
             # Bounded: past the cap a client is told to come back rather
             # than queued without limit (the replicas' queues are the queue).
             await send_error(
@@ -67,7 +71,7 @@ class CompletionEndpoint:
             state.metrics.overloaded.inc()
             return
         ctx = RequestContext(t0, self.endpoint_label, self.path)
-        ctx.request_id = os.urandom(8).hex()
+        ctx.request_id = f"{_request_bits(64):016x}"
         session_name = state.session_header
         for key, value in scope["headers"]:
             if key == b"authorization":
@@ -84,7 +88,7 @@ class CompletionEndpoint:
             elif key == session_name:
                 ctx.session = value.decode("latin-1")
         task = asyncio.current_task()
-        inflight.add(task, ctx)
+        inflight[task] = ctx
         tracing = state.tracing
         try:
             if not tracing.enabled:
@@ -98,7 +102,7 @@ class CompletionEndpoint:
             finally:
                 root.end()
         finally:
-            inflight.discard(task)
+            del inflight[task]
 
     async def _handle(self, ctx: RequestContext, receive, send) -> int:
         state = self.state

@@ -187,7 +187,7 @@ _RETRY_1 = (b"retry-after", b"1")
 def _answered(state: RequestPathState, ctx: RequestContext, replica, span) -> None:
     replica.breaker.on_success()
     metrics = state.metrics
-    metrics.child(metrics.attempts, replica.name, "ok").inc()
+    metrics.attempts.inc((replica.name, "ok"))
     ctx.replica = replica
     if span is not None:
         span.set_attribute("specgate.replica", replica.name)
@@ -211,7 +211,7 @@ def abort_error(reason: str) -> GatewayError:
 
 def _failed(state: RequestPathState, ctx: RequestContext, replica, outcome: str, exc: BaseException | None = None) -> None:
     replica.breaker.on_failure(time.monotonic())
-    state.metrics.child(state.metrics.attempts, replica.name, outcome).inc()
+    state.metrics.attempts.inc((replica.name, outcome))
     # The detail goes to the log (with the request id), never to the client.
     log.info(
         "upstream attempt failed",
@@ -257,8 +257,8 @@ async def _send_whole(state: RequestPathState, ctx: RequestContext, resp, data: 
     # Everything below runs after the response is out (usage parsing,
     # histograms): off the client's latency.
     metrics = state.metrics
-    metrics.child(metrics.overhead, ctx.endpoint, "false").observe(overhead)
-    metrics.child(metrics.ttft, replica.name).observe(t_done - t_up)
+    metrics.overhead.observe((ctx.endpoint, "false"), overhead)
+    metrics.ttft.observe((replica.name,), t_done - t_up)
     if resp.status == 200 and not ctx.stream:
         try:
             obj = orjson.loads(raw)
@@ -315,7 +315,7 @@ async def _relay_stream(state: RequestPathState, ctx: RequestContext, resp, chun
     status = 200
     pending_overhead = True
     t_first = _perf()
-    metrics.child(metrics.ttft, replica.name).observe(t_first - t_up)
+    metrics.ttft.observe((replica.name,), t_first - t_up)
     ended = None
     ctx.status = 200
     ctx.response_started = True
@@ -333,7 +333,7 @@ async def _relay_stream(state: RequestPathState, ctx: RequestContext, resp, chun
                 if pending_overhead:
                     pending_overhead = False
                     overhead = overhead_pre + (_perf() - t_first)
-                    metrics.child(metrics.overhead, ctx.endpoint, "true").observe(overhead)
+                    metrics.overhead.observe((ctx.endpoint, "true"), overhead)
             if req is not None and tap.error is not None:
                 raise UpstreamBroken(f"engine error event: {str(tap.error)[:200]}")
         if req is not None and not tap.saw_done:

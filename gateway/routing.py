@@ -105,6 +105,9 @@ def drafter_order(policy: SpeculationPolicy, in_canary: bool) -> tuple[str | Non
     return tuple(order)
 
 
+_FLEET_ONLY: tuple[str | None, ...] = (None,)
+
+
 def drafter_tier(replica: ReplicaLike, order: tuple[str | None, ...]) -> int | None:
     """The replica's place in `order`; None: reserved to a drafter this tenant does not use."""
     drafter = getattr(replica, "drafter", None)
@@ -127,7 +130,10 @@ def rank_replicas(
     affinity_slack: float = AFFINITY_SLACK,
 ) -> list[ReplicaLike]:
     """Eligible replicas, best first. `allowed[i]` = replica i's breaker admits a request."""
-    order = drafter_order(policy, canary_arm(policy, request.arm_key))
+    if policy.canary is None and policy.drafter is None:
+        order = _FLEET_ONLY  # what drafter_order gives such a policy, without the calls (every request of most tenants)
+    else:
+        order = drafter_order(policy, canary_arm(policy, request.arm_key))
     tiers: dict[int, tuple[int, int]] = {}
     eligible = []
     for i, r in enumerate(replicas):

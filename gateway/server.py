@@ -82,6 +82,9 @@ def build_config(app: Any, settings, *, host: str = "127.0.0.1", port: int = 808
         ws="none",
         lifespan="on",
         access_log=False,
+        # No `server: uvicorn` on every response: it names a library to any
+        # client (and is one more header to write per response).
+        server_header=False,
         log_config=None,
         log_level=settings.log_level.lower(),
         timeout_graceful_shutdown=math.ceil(g.drain_deadline_s + ABORT_GRACE_S),
@@ -132,7 +135,10 @@ class GatewayServer(uvicorn.Server):
     async def _start_metrics_listener(self, metrics_app: Any, port: int) -> None:
         """/metrics alone on `port`, same host, same limits; it stays open
         through the drain (scrapes still answer) and closes last."""
-        mconfig = uvicorn.Config(metrics_app, lifespan="off", proxy_headers=False, ws="none", log_config=None, access_log=False, http=GatewayHttpProtocol)
+        mconfig = uvicorn.Config(
+            metrics_app, lifespan="off", proxy_headers=False, server_header=False, ws="none", log_config=None, access_log=False,
+            http=GatewayHttpProtocol,
+        )
         mconfig.load()
         state = self._metrics_state = LimitedServerState(self.server_state.limits)
         loop = asyncio.get_running_loop()

@@ -49,8 +49,8 @@ def account(state: RequestPathState, ctx: RequestContext) -> None:
         state.accounting.settle(tenant, ctx.reserved, stats.prompt_tokens + stats.completion_tokens)
     metrics = state.metrics
     label = ctx.tenant_label
-    metrics.child(metrics.tokens, label, "prompt").inc(stats.prompt_tokens)
-    metrics.child(metrics.tokens, label, "completion").inc(stats.completion_tokens)
+    metrics.tokens.inc((label, "prompt"), stats.prompt_tokens)
+    metrics.tokens.inc((label, "completion"), stats.completion_tokens)
     for replica_name, part in ctx.parts or ((ctx.replica_name, stats),):
         _record(state, ctx, replica_name, part)
     if ctx.capture is not None:
@@ -72,13 +72,13 @@ def _record(state: RequestPathState, ctx: RequestContext, replica_name: str, sta
     metrics = state.metrics
     label = ctx.tenant_label
     if stats.num_draft_tokens is not None:
-        metrics.child(metrics.drafted, label, replica_name).inc(stats.num_draft_tokens)
-        metrics.child(metrics.accepted, label, replica_name).inc(stats.num_accepted_draft_tokens or 0)
+        metrics.drafted.inc((label, replica_name), stats.num_draft_tokens)
+        metrics.accepted.inc((label, replica_name), stats.num_accepted_draft_tokens or 0)
         if stats.num_spec_steps:
             metrics.recent_acceptance.add(ctx.tenant.id, stats.num_accepted_draft_tokens or 0, stats.num_spec_steps)
-            metrics.child(metrics.spec_steps, label, replica_name).inc(stats.num_spec_steps)
+            metrics.spec_steps.inc((label, replica_name), stats.num_spec_steps)
             al = 1.0 + (stats.num_accepted_draft_tokens or 0) / stats.num_spec_steps
-            metrics.child(metrics.acceptance_length, label, replica_name).observe(al)
+            metrics.acceptance_length.observe((label, replica_name), al)
 
 
 async def on_error(state: RequestPathState, ctx: RequestContext, exc: BaseException, send) -> bool:
@@ -155,8 +155,8 @@ def finish(state: RequestPathState, ctx: RequestContext) -> None:
     metrics = state.metrics
     status = str(ctx.status)
     replica_name = ctx.replica_name
-    metrics.child(metrics.requests, ctx.tenant_label, replica_name, ctx.endpoint, status).inc()
-    metrics.child(metrics.latency, ctx.tenant_label, replica_name, status).observe(elapsed)
+    metrics.requests.inc((ctx.tenant_label, replica_name, ctx.endpoint, status))
+    metrics.latency.observe((ctx.tenant_label, replica_name, status), elapsed)
     if state.settings.gateway.access_log:
         access_log.info(
             "request",

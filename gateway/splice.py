@@ -93,6 +93,9 @@ _TEXT_IDS = re.compile(rb',"prompt_token_ids":null,"token_ids":\[[0-9,]*\]\}\]\}
 _AFTER_IDS = b"}]}\n\n"
 _EVENT_START = b"\n\ndata: {"
 _CHOICE = b'"choices":[{"index":0,'
+# A chat choice as vLLM lays it out, index then a non-empty delta (an empty
+# one is dropped by the parser, not cut): one count proves both.
+_CHAT_CHOICE = b'"choices":[{"index":0,"delta":{"'
 
 
 def cut_token_ids(block: bytes, chat: bool, strip_ids: bool) -> tuple[bytes, int] | None:
@@ -108,13 +111,13 @@ def cut_token_ids(block: bytes, chat: bool, strip_ids: bool) -> tuple[bytes, int
     is structure, not text."""
     events = block.count(_EVENT_START) + 1
     # Newlines only at the events' ends: each event is one line, and each starts with `data: {`.
-    if not block.startswith(b"data: {") or block.count(b"\n") != 2 * events or block.count(_CHOICE) != events:
+    if not block.startswith(b"data: {") or block.count(b"\n") != 2 * events:
+        return None
+    if block.count(_CHAT_CHOICE if chat and strip_ids else _CHOICE) != events:
         return None
     if not strip_ids:
         return block, events
     if chat:
-        if block.count(b'"delta":{"') != events:  # an empty delta is dropped, not cut
-            return None
         out, cut = _CHAT_IDS.subn(_AFTER_IDS, block)
         fields = cut
     else:

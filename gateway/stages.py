@@ -152,7 +152,7 @@ async def admit(state: RequestPathState, ctx: RequestContext) -> None:
     if not decision.allowed:
         metrics = state.metrics
         limit = "tokens" if decision.denied_field == "tokens" else "requests"
-        metrics.child(metrics.rejections, ctx.tenant_label, limit).inc()
+        metrics.rejections.inc((ctx.tenant_label, limit))
         retry = str(int(max(1, decision.retry_after_s)))
         raise GatewayError(
             429,

@@ -17,6 +17,8 @@ from pathlib import Path
 
 from prometheus_client.metrics import MetricWrapperBase
 
+from gateway.hot_metrics import HotMetric
+
 BEGIN = "<!-- BEGIN GENERATED METRICS -->"
 END = "<!-- END GENERATED METRICS -->"
 
@@ -50,6 +52,9 @@ def metrics_of(obj: object) -> list[MetricInfo]:
         if isinstance(value, MetricWrapperBase):
             family = value.describe()[0]
             seen[family.name] = MetricInfo(family.name, family.type, tuple(value._labelnames), family.documentation)
+        elif isinstance(value, HotMetric):
+            family = value.describe()[0]
+            seen[family.name] = MetricInfo(family.name, family.type, value.labelnames, family.documentation)
     return sorted(seen.values(), key=lambda m: m.name)
 
 

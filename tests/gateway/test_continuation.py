@@ -4,10 +4,13 @@ ledger tap that strips what the gateway injected."""
 
 from __future__ import annotations
 
+import inspect
+import re
+
 import orjson
 import pytest
 
-from gateway import splice
+from gateway import continuation, splice
 from gateway.continuation import (
     StopAcrossSplice,
     StreamLedger,
@@ -46,6 +49,22 @@ def test_continuable(body, endpoint):
 ])
 def test_not_continuable(body, endpoint, why):
     assert why in unsupported(body, endpoint)
+
+
+def test_the_fast_path_knows_every_field_a_rule_reads():
+    """`unsupported` skips the rules for a body with none of `_RULE_FIELDS`:
+    a rule reading a field missing from that set would never run."""
+    source = inspect.getsource(continuation._ruled_out) + inspect.getsource(continuation._structured)
+    read = set(re.findall(r'body\.get\("(\w+)"', source)) | set(continuation._GUIDED)
+    assert read - {"prompt"} <= continuation._RULE_FIELDS
+    assert len(read) > 20  # the pattern still finds the rules' reads
+
+
+@pytest.mark.parametrize("field", sorted(continuation._RULE_FIELDS))
+def test_a_body_with_a_rule_field_gets_the_rules(field, monkeypatch):
+    seen = []
+    monkeypatch.setattr(continuation, "_ruled_out", lambda body, endpoint: seen.append(field) or "ruled")
+    assert unsupported({"messages": [], field: None}, "chat") == "ruled" and seen == [field]
 
 
 def ledger(prompt, sent, text="") -> StreamLedger:

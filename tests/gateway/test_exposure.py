@@ -123,6 +123,25 @@ def test_metrics_port_moves_metrics_off_the_main_app(start_backend, start_gatewa
     assert_openai_error(asgi_get(metrics_app, "/health"), 404)
 
 
+def test_no_response_names_the_server_software(start_backend, start_gateway):
+    """uvicorn's `server: uvicorn` is off: no header names a library (nor the
+    replica's own `server`, which the relay drops)."""
+    port = free_port()
+    gw = start_gateway([{"url": start_backend().url}], metrics_port=port)
+    responses = [
+        chat(gw, "fake-model"),
+        chat(gw, "no-such-model"),
+        httpx.get(gw.url + "/health"),
+        httpx.get(f"http://127.0.0.1:{port}/metrics"),
+    ]
+    with httpx.stream("POST", gw.url + "/v1/chat/completions", json={"model": "fake-model", **CHAT, "stream": True}, headers=AUTH) as r:
+        r.read()
+        responses.append(r)
+    assert [r.status_code for r in responses] == [200, 404, 200, 200, 200]
+    for r in responses:
+        assert "server" not in r.headers, r.headers
+
+
 def test_tenant_labels_off(start_backend, start_gateway):
     gw = start_gateway([{"url": start_backend().url}], metrics_tenant_labels=False)
     assert chat(gw, "fake-model").status_code == 200

@@ -127,6 +127,14 @@ def test_canary_arm_is_deterministic_and_near_the_share():
     assert not any(canary_arm(DEFAULT, k) for k in keys)
 
 
+def test_a_policy_without_drafter_or_canary_ranks_as_its_drafter_order_says():
+    """rank_replicas skips drafter_order for such a policy (most requests): same order."""
+    from gateway import routing
+
+    assert drafter_order(DEFAULT, True) == drafter_order(DEFAULT, False) == routing._FLEET_ONLY
+    assert names(rank_replicas(fleet(), RouteRequest("m", "alpha"), DEFAULT)) == ["shared"]
+
+
 def test_canary_arm_goes_to_the_candidate_the_rest_to_the_incumbent_each_falling_back_to_the_other():
     policy = SpeculationPolicy(drafter="alpha-v1", canary=CanarySpec(drafter="alpha-v2", share=0.5))
     assert drafter_order(policy, True) == ("alpha-v2", "alpha-v1", None)

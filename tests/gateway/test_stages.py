@@ -198,7 +198,7 @@ async def test_admit_denial_store_outage_and_unlimited():
     with pytest.raises(GatewayError) as exc:
         await admit(state, ctx)
     assert (exc.value.status, exc.value.code, exc.value.headers) == (429, "rate_limit_tokens", [(b"retry-after", b"2")])
-    assert state.metrics.child(state.metrics.rejections, "t", "tokens")._value.get() == 1
+    assert state.metrics.rejections.value("t", "tokens") == 1
     assert not ctx.reserved_live
 
     state = make_state(accounting=FakeAccounting(error=ConnectionError("down")))
@@ -354,7 +354,7 @@ def test_usage_settles_the_reservation_and_records_telemetry():
                    usage={"prompt_tokens": 2, "completion_tokens": 3})
     account(state, ctx)
     assert state.accounting.calls == [("settle", "t", 9, 5), ("record", "t", "a", 2, 3)]
-    assert state.metrics.child(state.metrics.tokens, "t", "completion")._value.get() == 3
+    assert state.metrics.tokens.value("t", "completion") == 3
 
 
 async def test_on_error_client_gone_unexpected_and_foreign_cancellation():
@@ -404,7 +404,7 @@ async def _started(state, ctx, send):
 
     registry = InflightRequests(10)
     task = asyncio.ensure_future(_relay_and_settle(state, ctx, send))
-    registry.add(task, ctx)
+    registry[task] = ctx
     await asyncio.wait_for(state.upstream.entered.wait(), 5)
     return registry, task
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
+from gateway.hot_metrics import HotCounter, HotHistogram
 from specgate import metrics_doc
 from tests.specgate.conftest import REPO
 
@@ -32,12 +33,16 @@ def test_sample_names_follow_the_exposition_format():
             r = CollectorRegistry()
             self.c = Counter("x_requests", "help", ["tenant"], registry=r)
             self.h = Histogram("x_latency_seconds", "help", registry=r)
+            self.hot_c = HotCounter("x_tokens", "help", ["tenant", "kind"], r)
+            self.hot_h = HotHistogram("x_ttft_seconds", "help", ["replica"], r, (0.1, 1.0))
 
     infos = {m.name: m for m in metrics_doc.metrics_of(M())}
     assert infos["x_requests"].sample_names == ("x_requests_total",)
     assert infos["x_requests"].labels == ("tenant",)
     assert infos["x_latency_seconds"].sample_names == (
         "x_latency_seconds_bucket", "x_latency_seconds_sum", "x_latency_seconds_count")
+    assert infos["x_tokens"].sample_names == ("x_tokens_total",) and infos["x_tokens"].labels == ("tenant", "kind")
+    assert infos["x_ttft_seconds"].type == "histogram" and infos["x_ttft_seconds"].labels == ("replica",)
 
 
 def test_write_replaces_only_the_generated_section(tmp_path):
