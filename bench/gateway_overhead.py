@@ -151,12 +151,17 @@ async def latency_run(
         interval = 1.0 / rate
         start = time.perf_counter()
         n = int(rate * duration * len(names) / 2)  # `rate` per path pair, as before a baseline existed
+        # With a baseline the two gateways swap places every cycle (direct, gateway,
+        # baseline; direct, baseline, gateway; ...): the one sent right after the direct
+        # request read ~0.1-0.2 ms slower at 100 req/s even with the same code in both
+        # (both gateways share one core; the first after an idle spell pays for it).
+        swapped = names[:1] + names[1:][::-1]
         for i in range(n):
             target = start + i * interval * 2 / len(names)
             delay = target - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
-            which = names[i % len(names)]
+            which = (swapped if baseline and (i // len(names)) % 2 else names)[i % len(names)]
             tasks.append(asyncio.ensure_future(one(which, targets[which])))
         await asyncio.gather(*tasks)
         cpu = cpu_seconds(gateway_pid) - cpu0 if gateway_pid else float("nan")
@@ -351,6 +356,9 @@ def main() -> None:
     ap.add_argument("--rates", default="10,100,400")
     ap.add_argument("--duration", type=float, default=10.0, help="seconds per latency rate")
     ap.add_argument("--throughput-seconds", type=int, default=8)
+    ap.add_argument("--throughput-rounds", type=int, default=1,
+                    help="with --baseline: ABBA rounds per throughput row (each gateway measured 2x this); "
+                         "the row gives the mean and, from 2 rounds on, each run's req/s")
     ap.add_argument("--connections", type=int, default=32)
     ap.add_argument("--current-gateway", action="append", default=[], metavar="KEY=VALUE",
                     help="a gateway setting for this checkout's gateway only, not the baseline's "
@@ -432,10 +440,10 @@ def main() -> None:
                     print(f"throughput, {args.connections} connections ({'wrk' if shutil.which('wrk') else 'asyncio client'})")
                     print(f"{'variant':<34}{'kind':<12}{'direct/s':>10}{'gateway/s':>11}{'ratio':>7}{'errors d/g':>12}{'gw cpu us/req':>15}{'1-core capacity/s':>19}")
                 runs = [(name, gw, gateway)] + ([(f"{name} @ {args.baseline}", base, base_url)] if base else [])
-                # With a baseline, each gateway is measured twice in ABBA order and averaged: a
+                # With a baseline, each gateway is measured twice per round in ABBA order and averaged: a
                 # second run measured right after the first reads ~7 % cheaper on this machine
                 # even for the same code (measured with --baseline HEAD), so order must cancel.
-                order = runs + runs[::-1] if base else runs
+                order = (runs + runs[::-1]) * max(1, args.throughput_rounds) if base else runs
                 for label, body in (("non-stream", CHAT), ("stream", dict(CHAT, stream=True))):
                     d = throughput(direct + "/v1/chat/completions", body, args.throughput_seconds, args.connections, args.backend_cpu)
                     measured: dict[str, list[tuple[dict, float]]] = {}
@@ -450,9 +458,11 @@ def main() -> None:
                         cpu_us = sum(c for _, c in samples) / len(samples)
                         row = {"variant": run_name, "kind": label, "direct": d, "gateway": g, "gateway_cpu_us_per_req": cpu_us}
                         results["throughput"].append(row)
+                        row["runs"] = [{"rps": x["rps"], "cpu_us": c} for x, c in samples]
                         print(
                             f"{run_name:<34}{label:<12}{d['rps']:>10.0f}{g['rps']:>11.0f}{g['rps'] / d['rps']:>7.2f}{d['errors']:>6}/{g['errors']:<5}"
                             f"{cpu_us:>15.0f}{1e6 / cpu_us:>19.0f}"
+                            + ("   runs " + ", ".join(f"{x['rps']:.0f}" for x, _ in samples) if len(samples) > 2 else "")
                         )
             finally:
                 stop(gw)

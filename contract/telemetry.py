@@ -112,6 +112,8 @@ def _count(value: Any) -> int | None:
 
 def _seconds(value: Any) -> float | None:
     """A finite, non-negative duration in seconds, or None for anything else."""
+    if type(value) is float and 0 <= value < math.inf:  # the gateway's own timing, per request (NaN fails the compare)
+        return value
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
         return None
     return float(value)
@@ -134,26 +136,37 @@ class TelemetryCounters:
 
 def increments_for(stats: RequestSpecStats) -> dict[str, float]:
     """The counter increments one finished request contributes."""
-    increments: dict[str, float] = {
-        "requests": 1,
-        "prompt_tokens": stats.prompt_tokens,
-        "completion_tokens": stats.completion_tokens,
-    }
-    if stats.num_draft_tokens is not None:
-        increments.update(
-            spec_requests=1,
-            num_spec_steps=stats.num_spec_steps or 0,
-            num_draft_tokens=stats.num_draft_tokens,
-            num_accepted_draft_tokens=stats.num_accepted_draft_tokens or 0,
-        )
-    a = stats.acceptance_length if stats.num_draft_tokens is not None else None
-    if a is not None:  # (a subset of spec_requests: those that ran at least one step)
-        increments.update(al_requests=1, al_sum=a, al_sumsq=a * a)
-    if stats.duration_s is not None and math.isfinite(stats.duration_s) and stats.duration_s >= 0:
-        increments.update(
-            timed_requests=1, timed_seconds=stats.duration_s, timed_completion_tokens=stats.completion_tokens
-        )
-    return increments
+    return add_increments({}, stats)
+
+
+def add_increments(acc: dict[str, float], stats: RequestSpecStats) -> dict[str, float]:
+    """Add one finished request's counter increments to `acc` (sums per
+    counter, as `increments_for` would give them) and return it. In place,
+    because the gateway sums every request's telemetry between flushes: no
+    increments dict built per request only to be merged."""
+    get = acc.get
+    acc["requests"] = get("requests", 0) + 1
+    acc["prompt_tokens"] = get("prompt_tokens", 0) + stats.prompt_tokens
+    acc["completion_tokens"] = get("completion_tokens", 0) + stats.completion_tokens
+    drafted = stats.num_draft_tokens
+    if drafted is not None:
+        steps = stats.num_spec_steps or 0
+        accepted = stats.num_accepted_draft_tokens or 0
+        acc["spec_requests"] = get("spec_requests", 0) + 1
+        acc["num_spec_steps"] = get("num_spec_steps", 0) + steps
+        acc["num_draft_tokens"] = get("num_draft_tokens", 0) + drafted
+        acc["num_accepted_draft_tokens"] = get("num_accepted_draft_tokens", 0) + accepted
+        if steps:  # (a subset of spec_requests: those that ran at least one step)
+            a = 1.0 + accepted / steps  # = stats.acceptance_length
+            acc["al_requests"] = get("al_requests", 0) + 1
+            acc["al_sum"] = get("al_sum", 0) + a
+            acc["al_sumsq"] = get("al_sumsq", 0) + a * a
+    d = stats.duration_s
+    if d is not None and math.isfinite(d) and d >= 0:
+        acc["timed_requests"] = get("timed_requests", 0) + 1
+        acc["timed_seconds"] = get("timed_seconds", 0) + d
+        acc["timed_completion_tokens"] = get("timed_completion_tokens", 0) + stats.completion_tokens
+    return acc
 
 
 async def record_increments(store: Store, tenant: str, replica: str, increments: Mapping[str, float]) -> None:

@@ -54,7 +54,7 @@ from typing import Any
 from contract.keys import budget_key
 from contract.settings import GatewaySettings, TenantConfig
 from contract.store import Store, WindowDecision
-from contract.telemetry import RequestSpecStats, increments_for, record_increments
+from contract.telemetry import RequestSpecStats, add_increments, record_increments
 
 from .budget_guard import BudgetGuard, StoreDown
 from .local_budget import LocalBudget
@@ -434,9 +434,7 @@ class Accounting:
 
     # -- telemetry ----------------------------------------------------
     def record(self, tenant_id: str, replica: str, stats: RequestSpecStats) -> None:
-        acc = self._telemetry.setdefault((tenant_id, replica), {})
-        for k, v in increments_for(stats).items():
-            acc[k] = acc.get(k, 0.0) + v
+        add_increments(self._telemetry.setdefault((tenant_id, replica), {}), stats)
 
     # -- flushing -----------------------------------------------------
     async def flush_budgets(self) -> None:

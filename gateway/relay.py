@@ -320,8 +320,9 @@ async def _relay_stream(state: RequestPathState, ctx: RequestContext, resp, chun
     ctx.status = 200
     ctx.response_started = True
     await send({"type": "http.response.start", "status": 200, "headers": headers})
+    data = first
     try:
-        async for data in _prepend(first, chunks):
+        while data:  # the first read, then the rest as they come (b"": the body ended)
             out = tap.feed(data)
             if tap.usage is not None and ctx.usage is None:
                 # The stream's end is here (its usage chunk is the last before
@@ -336,6 +337,7 @@ async def _relay_stream(state: RequestPathState, ctx: RequestContext, resp, chun
                     metrics.overhead.observe((ctx.endpoint, "true"), overhead)
             if req is not None and tap.error is not None:
                 raise UpstreamBroken(f"engine error event: {str(tap.error)[:200]}")
+            data = await anext(chunks, b"")
         if req is not None and not tap.saw_done:
             raise UpstreamBroken("the stream ended without [DONE]")
         rest = tap.tail()
@@ -380,13 +382,6 @@ async def _relay_stream(state: RequestPathState, ctx: RequestContext, resp, chun
     else:
         await send({"type": "http.response.body", "body": b""})
     ctx.usage, ctx.spec_metrics, ctx.status = tap.usage, tap.metrics, status
-
-
-async def _prepend(first: bytes, chunks):
-    if first:
-        yield first
-    async for data in chunks:
-        yield data
 
 
 async def end_stream_with_error(ctx: RequestContext, send, message: str, code: str) -> None:

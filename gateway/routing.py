@@ -26,8 +26,7 @@ Ranking, in priority order:
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
-from typing import Protocol, Sequence
+from typing import NamedTuple, Protocol, Sequence
 
 from contract.policy import SpeculationPolicy
 
@@ -47,8 +46,9 @@ class ReplicaLike(Protocol):
     def serves(self, model: str) -> bool: ...
 
 
-@dataclass(frozen=True)
-class RouteRequest:
+class RouteRequest(NamedTuple):
+    """What routing needs of one request (a tuple: built on every request)."""
+
     model: str
     tenant: str
     affinity_key: str | None = None  # session id or prompt prefix, per routing mode
@@ -144,8 +144,8 @@ def rank_replicas(
             continue
         tiers[id(r)] = (d, speculation_tier(r, policy))
         eligible.append(r)
-    if not eligible:
-        return []
+    if len(eligible) < 2:
+        return eligible
     keyed = sorted(eligible, key=lambda r: (tiers[id(r)], r.load, r.name))
     if request.affinity_key is None or len(keyed) == 1:
         return keyed

@@ -57,7 +57,7 @@ class UpstreamResponse(Protocol):
     headers: list[tuple[bytes, bytes]]
 
     async def read(self) -> bytes: ...
-    def chunks(self) -> AsyncIterator[bytes]: ...
+    def chunks(self) -> AsyncIterator[bytes]: ...  # the body's reads, none empty
     def release(self) -> None: ...
     def abort(self) -> None: ...
 
@@ -171,7 +171,8 @@ class _HttpxResponse:
     async def chunks(self) -> AsyncIterator[bytes]:
         try:
             async for data in self._resp.aiter_raw():
-                yield data
+                if data:  # (the relay reads b"" as the body's end)
+                    yield data
         except httpx.TimeoutException as exc:
             raise UpstreamTimeout("replica stopped sending") from exc
         except httpx.HTTPError as exc:

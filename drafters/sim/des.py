@@ -34,7 +34,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from contract.knobs import parse_knobs
-from contract.telemetry import COUNTER_FIELDS, RequestSpecStats, increments_for
+from contract.telemetry import COUNTER_FIELDS, RequestSpecStats, add_increments
 from contract.vllm_metrics import VllmMetricsSnapshot
 
 from .engine import EngineConfig, EngineRequest, ReplicaEngine
@@ -366,8 +366,7 @@ class Simulation:
         c = self.tenant_counters.get((er.tenant, replica))
         if c is None:
             c = self.tenant_counters[(er.tenant, replica)] = {f: 0.0 for f in COUNTER_FIELDS}
-        for k, v in increments_for(stats).items():
-            c[k] += v
+        add_increments(c, stats)
 
 
 def run_closed_loop(config: EngineConfig, concurrency: int, tenants, until_s: float = 30.0, warmup_s: float = 5.0,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from contract.telemetry import COUNTER_FIELDS, RequestSpecStats, increments_for
+from contract.telemetry import COUNTER_FIELDS, RequestSpecStats, add_increments, increments_for
 
 
 def test_reads_vllm_summary():
@@ -50,6 +50,26 @@ def test_acceptance_length_sums_per_drafting_request():
     assert inc["al_sumsq"] == pytest.approx(6.25)
     assert "timed_requests" not in inc  # not timed: no timing counter moves
     assert set(inc) <= set(COUNTER_FIELDS)
+
+
+def test_adding_in_place_sums_what_increments_for_gives():
+    """The gateway adds each request into its running sums (`add_increments`):
+    the same as summing each request's `increments_for`."""
+    requests = [
+        RequestSpecStats(prompt_tokens=5, completion_tokens=20, num_spec_steps=8, num_draft_tokens=32, num_accepted_draft_tokens=12),
+        RequestSpecStats(completion_tokens=9, duration_s=0.5),
+        RequestSpecStats(completion_tokens=3, num_spec_steps=0, num_draft_tokens=0, num_accepted_draft_tokens=0, duration_s=0.1),
+        RequestSpecStats(prompt_tokens=2, completion_tokens=7, num_spec_steps=3, num_draft_tokens=12, num_accepted_draft_tokens=None),
+    ]
+    summed: dict[str, float] = {}
+    for stats in requests:
+        for k, v in increments_for(stats).items():
+            summed[k] = summed.get(k, 0) + v
+    acc: dict[str, float] = {}
+    for stats in requests:
+        assert add_increments(acc, stats) is acc
+    assert acc == pytest.approx(summed) and list(acc) == list(summed)
+    assert acc["al_requests"] == 2 and acc["timed_requests"] == 2 and acc["requests"] == 4
 
 
 def test_no_acceptance_sample_without_a_step_or_a_summary():
