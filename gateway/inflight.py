@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 class InflightRequests(dict):
     """task -> its `RequestContext`, for every completion request in flight.
     A dict itself so that the endpoint's check, add and remove, paid on
-    every request, are `len`, item assignment and `pop` (no Python calls)."""
+    every request, are `len`, item assignment and `del` (no Python calls)."""
 
     __slots__ = ("limit",)
 

@@ -147,7 +147,7 @@ def rank_replicas(
     if len(eligible) < 2:
         return eligible
     keyed = sorted(eligible, key=lambda r: (tiers[id(r)], r.load, r.name))
-    if request.affinity_key is None or len(keyed) == 1:
+    if request.affinity_key is None:
         return keyed
     best_tier = tiers[id(keyed[0])]
     top = [r for r in keyed if tiers[id(r)] == best_tier]
