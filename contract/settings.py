@@ -172,7 +172,17 @@ class GatewaySettings(_Strict):
     )
     header_timeout_s: float = Field(default=10.0, gt=0, description="complete request headers within this, else 408 and closed")
     body_timeout_s: float = Field(default=30.0, gt=0, description="the whole request body within this after its headers, else 408")
-    max_connections: int = Field(default=4096, ge=1, description="open client connections per instance; beyond it new ones are closed at once")
+    max_connections: int = Field(
+        default=4096, ge=1,
+        description="open client connections per instance; at it a new one takes the slot of the kept-alive connection idle "
+                    "longest, or, with none idle, is closed at once (503)",
+    )
+    keep_alive_timeout_s: float = Field(
+        default=75.0, gt=0,
+        description="an idle kept-alive client connection is closed after this long; keep it above the idle timeout of "
+                    "whatever pools connections to the gateway (AWS ALB, ingress-nginx: 60 s; the OpenAI SDK: 5 s), or "
+                    "the gateway can close a connection as a request is sent on it (a 502 at the load balancer)",
+    )
     max_inflight_requests: int = Field(
         default=2048, ge=1, description="completion requests in progress per instance; beyond it 503 + Retry-After"
     )

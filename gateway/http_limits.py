@@ -1,5 +1,6 @@
 """Per-connection limits at the HTTP protocol layer: header size (431),
-header and body read timeouts (408) and an instance-wide connection cap.
+header and body read timeouts (408) and an instance-wide connection cap
+(which takes the slot of an idle kept-alive connection before it refuses).
 
 Why here and not in the app: uvicorn's httptools protocol buffers a request's
 headers without limit and waits for them without a deadline, before any ASGI
@@ -8,6 +9,8 @@ never reach the app, yet they stall the event loop and pin file descriptors.
 So the gateway runs uvicorn with this subclass of its httptools protocol
 (`uvicorn.Config(http=GatewayHttpProtocol)`, see `gateway.server`), which
 keeps uvicorn's parser and request cycle and adds the checks around them.
+It also hands each request's cycle a `ResponseWriter`, so that a whole
+response leaves in one write (`gateway.response_writer`).
 
 Cost: on the common path (a request that arrives in one read) no timer is
 armed per request, only a length add and two flag writes; timers are armed
@@ -29,6 +32,8 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.server import ServerState
 
 from contract.errors import error_body
+
+from .response_writer import ResponseWriter
 
 # After a rejection the connection reads and drops input this long before it
 # closes, so the answer is not lost to a reset (nginx's lingering_close).
@@ -71,11 +76,14 @@ class ConnectionLimits:
 
 
 class LimitedServerState(ServerState):
-    """uvicorn's shared server state plus the limits its connections enforce."""
+    """uvicorn's shared server state plus the limits its connections enforce,
+    and the kept-alive connections now waiting for their next request, oldest
+    first (what the cap reclaims)."""
 
     def __init__(self, limits: ConnectionLimits | None = None) -> None:
         super().__init__()
         self.limits = limits or ConnectionLimits()
+        self.idle: dict[GatewayHttpProtocol, None] = {}
 
 
 _DEFAULT_LIMITS = ConnectionLimits()
@@ -93,6 +101,9 @@ class GatewayHttpProtocol(HttpToolsProtocol):
     def __init__(self, config, server_state, app_state, _loop=None) -> None:
         super().__init__(config, server_state, app_state, _loop)
         self.limits: ConnectionLimits = getattr(server_state, "limits", _DEFAULT_LIMITS)
+        if not hasattr(server_state, "idle"):  # uvicorn's plain ServerState
+            server_state.idle = {}
+        self._idle: dict[GatewayHttpProtocol, None] = server_state.idle
         self._timer: asyncio.TimerHandle | None = None
         self._in_headers = True
         self._in_body = False
@@ -102,7 +113,7 @@ class GatewayHttpProtocol(HttpToolsProtocol):
 
     # Connection -----------------------------------------------------------
     def connection_made(self, transport) -> None:  # type: ignore[override]
-        if len(self.connections) >= self.limits.max_connections:
+        if len(self.connections) >= self.limits.max_connections and not self._reclaim_idle():
             # Over the cap: answer and close at once, without joining `connections`,
             # so a flood of idle sockets cannot pin file descriptors.
             self.transport = transport
@@ -113,6 +124,28 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         super().connection_made(transport)
         # A connection that never sends a byte is bounded by the header timeout too.
         self._timer = self.loop.call_later(self.limits.header_timeout_s, self._on_header_timeout)
+
+    def _reclaim_idle(self) -> bool:
+        """At the cap, close the kept-alive connection idle longest rather than
+        refuse a new one (nginx reuses its idle keepalive connections the same
+        way): with a keep-alive longer than the load balancers' idle timeouts,
+        idle pools must not cost an active client its connection."""
+        for conn in self._idle:
+            conn._unset_keepalive_if_required()
+            conn.transport.close()
+            return True
+        return False
+
+    def _unset_keepalive_if_required(self) -> None:
+        if self.timeout_keep_alive_task is not None:
+            self.timeout_keep_alive_task.cancel()
+            self.timeout_keep_alive_task = None
+            self._idle.pop(self, None)
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if self.timeout_keep_alive_task is not None:  # armed: idle until the next request
+            self._idle[self] = None
 
     def connection_lost(self, exc) -> None:
         self._cancel_timer()
@@ -169,6 +202,10 @@ class GatewayHttpProtocol(HttpToolsProtocol):
             raise _Rejected()
         self._in_body = True
         super().on_headers_complete()
+        cycle = self.cycle
+        # This request's cycle (an upgrade makes none); a HEAD response has no body write to carry its head.
+        if cycle is not None and cycle.scope is self.scope and self.scope["method"] != "HEAD":
+            cycle.transport = ResponseWriter(self.transport)
 
     def on_message_complete(self) -> None:
         self._in_body = False

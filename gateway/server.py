@@ -88,6 +88,7 @@ def build_config(app: Any, settings, *, host: str = "127.0.0.1", port: int = 808
         log_config=None,
         log_level=settings.log_level.lower(),
         timeout_graceful_shutdown=math.ceil(g.drain_deadline_s + ABORT_GRACE_S),
+        timeout_keep_alive=g.keep_alive_timeout_s,
     )
     kwargs.update(overrides)
     return uvicorn.Config(app, **kwargs)

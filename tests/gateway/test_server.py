@@ -176,6 +176,80 @@ def test_connections_beyond_the_cap_are_refused_and_slots_free_up(gw):
     assert wait_for(lambda: httpx.get(gateway.url + "/health", timeout=5).status_code == 200, timeout=5)
 
 
+def _get_health(sock: socket.socket) -> bytes:
+    """One GET /health on a kept-alive connection: the whole response."""
+    sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+    sock.settimeout(5)
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        if not chunk:
+            return data
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = int(next(line.split(b":")[1] for line in head.lower().split(b"\r\n") if line.startswith(b"content-length:")))
+    while len(body) < length:
+        body += sock.recv(65536)
+    return data
+
+
+def _closed_by_server(sock: socket.socket, timeout: float) -> bool:
+    sock.settimeout(timeout)
+    try:
+        return sock.recv(1) == b""
+    except ConnectionResetError:
+        return True
+    except TimeoutError:
+        return False
+
+
+def test_keep_alive_outlasts_load_balancer_idle_timeouts_by_default():
+    """A gateway that closes idle connections before its load balancer does
+    races it (a request sent as the close arrives: a 502 at the balancer);
+    uvicorn's own 5 s is below every common one (ALB, ingress-nginx: 60 s)."""
+    from contract.settings import load_settings
+    from gateway.server import build_config
+
+    settings = load_settings()
+    assert settings.gateway.keep_alive_timeout_s > 60
+    assert build_config(object(), settings).timeout_keep_alive == settings.gateway.keep_alive_timeout_s
+
+
+def test_an_idle_kept_alive_connection_stays_open_until_the_keep_alive_timeout(gw):
+    gateway, _ = gw(keep_alive_timeout_s=1.5)
+    sock = _connect(gateway.server.port)
+    assert _get_health(sock).startswith(b"HTTP/1.1 200 ")
+    assert not _closed_by_server(sock, timeout=0.5)  # idle 0.5 s: still open
+    assert _get_health(sock).startswith(b"HTTP/1.1 200 ")  # the same connection serves the next request
+    assert _closed_by_server(sock, timeout=10)  # then closed once idle past the timeout
+    sock.close()
+
+
+def test_at_the_cap_a_new_connection_takes_the_slot_of_the_longest_idle_one(gw):
+    gateway, _ = gw(max_connections=3, header_timeout_s=5.0)
+    port = gateway.server.port
+    idle = []
+    for _ in range(3):  # the cap, all kept alive and idle after one request each
+        sock = _connect(port)
+        assert _get_health(sock).startswith(b"HTTP/1.1 200 ")
+        idle.append(sock)
+        time.sleep(0.05)
+    newcomer = _connect(port)
+    assert _get_health(newcomer).startswith(b"HTTP/1.1 200 ")  # served, not refused
+    assert _closed_by_server(idle[0], timeout=5)  # the oldest idle one gave up its slot
+    assert not _closed_by_server(idle[1], timeout=0.2)
+    assert _get_health(idle[1]).startswith(b"HTTP/1.1 200 ")  # the others still serve
+    # With no connection idle (all busy sending headers), the cap refuses as before.
+    busy = [idle[1], idle[2], newcomer]
+    for sock in busy:
+        sock.sendall(b"GET /health HTTP/1.1\r\n")  # and never more
+    assert wait_for(lambda: not gateway.server.server.server_state.idle, timeout=5)
+    refused = _connect(port)
+    assert _read_all(refused, timeout=5).startswith(b"HTTP/1.1 503 ")
+    for sock in [*idle, newcomer, refused]:
+        sock.close()
+
+
 def test_three_thousand_trickling_connections_are_closed_by_the_header_timeout_while_others_are_served(gw):
     """The issue's probe: 3,000 connections trickling a header used to be held
     open indefinitely. Under the default cap they are held only until the
