@@ -12,7 +12,12 @@ Measures:
 1. added latency, non-streaming, at fixed open-loop rates (default 10, 100,
    400 req/s): p50/p99 through the gateway minus p50/p99 direct, requests
    interleaved so both paths see the same machine state;
-2. added time to first token for streams (first `data:` event), same method;
+2. added time to first token for streams (first `data:` event), same method,
+   twice: with the fake replica writing the whole stream at once (`ttft`:
+   the gateway's work on all of a stream's events counts, so the row prices
+   per-stream CPU as much as the first token) and, with `--paced-ms`, writing
+   one event every that many ms as a real engine does, token by token
+   (`ttft/Nms`: the first event is relayed alone, as in production);
 3. max throughput with 32 connections (wrk when installed, else an asyncio
    closed-loop client): non-streaming req/s and streams/s, direct vs gateway,
    with error counts;
@@ -261,6 +266,17 @@ def stream_fidelity(direct: str, gateway: str) -> bool:
     return norm(fetch(direct)) == norm(fetch(gateway))
 
 
+def pace_backend(direct: str, interval_s: float) -> None:
+    """The fake replica's stream cadence: 0 writes a whole stream at once,
+    > 0 one event per write with that gap (its `chunk_delay_s` control)."""
+    import urllib.request
+
+    req = urllib.request.Request(direct + "/_fake/control", data=json.dumps({"chunk_delay_s": interval_s}).encode(),
+                                 headers={"content-type": "application/json"})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        r.read()
+
+
 def gateway_overrides(pairs: list[str]) -> dict:
     """`--current-gateway KEY=VALUE` pairs as gateway settings (VALUE read as JSON, else a string)."""
     out = {}
@@ -360,6 +376,12 @@ def main() -> None:
                     help="with --baseline: ABBA rounds per throughput row (each gateway measured 2x this); "
                          "the row gives the mean and, from 2 rounds on, each run's req/s")
     ap.add_argument("--connections", type=int, default=32)
+    ap.add_argument("--paced-ms", type=float, default=5.0,
+                    help="also measure TTFT with the replica streaming one event every MS ms, as an engine does "
+                         "(0: only the whole-stream-in-one-write rows)")
+    ap.add_argument("--paced-rates", default="10,100",
+                    help="rates for the paced TTFT rows (at 400 req/s a paced 16-token stream keeps ~35 streams open "
+                         "per target: the backend and client core saturates and the rows measure that, not the gateway)")
     ap.add_argument("--current-gateway", action="append", default=[], metavar="KEY=VALUE",
                     help="a gateway setting for this checkout's gateway only, not the baseline's "
                          "(e.g. max_continuations=0 to price a feature the baseline lacks); repeatable")
@@ -424,16 +446,23 @@ def main() -> None:
                     print(f"latency, gateway = {name}" + (f"; baseline = the same gateway at {args.baseline}" if base else ""))
                     print(f"{'mode':<9}{'rate/s':>7}{'n':>7}{'direct p50':>11}{'gw p50':>9}{'added p50':>10}{'direct p99':>11}{'gw p99':>9}{'added p99':>10}{'errors':>7}{'gw cpu us/req':>14}"
                           + (f"{'base added p50':>15}{'base added p99':>15}" if base else "") + "   (ms)")
-                    for stream in (False, True):
-                        for rate in [float(r) for r in args.rates.split(",")]:
+                    rates = [float(r) for r in args.rates.split(",")]
+                    modes = [("non-str", False, 0.0, rates), ("ttft", True, 0.0, rates)]
+                    if args.paced_ms > 0:
+                        modes.append((f"ttft/{args.paced_ms:g}ms", True, args.paced_ms / 1000, [float(r) for r in args.paced_rates.split(",")]))
+                    for mode, stream, paced_s, mode_rates in modes:
+                        pace_backend(direct, paced_s)
+                        for rate in mode_rates:
                             r = asyncio.run(latency_run(direct, gateway, rate, args.duration, stream, gw.pid, base_url))
                             r["variant"] = name
+                            r["paced_ms"] = paced_s * 1000
                             results["latency"].append(r)
                             print(
-                                f"{'ttft' if stream else 'non-str':<9}{rate:>7.0f}{r['n']:>7}{r['direct_p50']:>11.3f}{r['gateway_p50']:>9.3f}{r['added_p50']:>10.3f}"
+                                f"{mode:<9}{rate:>7.0f}{r['n']:>7}{r['direct_p50']:>11.3f}{r['gateway_p50']:>9.3f}{r['added_p50']:>10.3f}"
                                 f"{r['direct_p99']:>11.3f}{r['gateway_p99']:>9.3f}{r['added_p99']:>10.3f}{sum(r['errors'].values()):>7}{r['gateway_cpu_us_per_req']:>14.0f}"
                                 + (f"{r['baseline_added_p50']:>15.3f}{r['baseline_added_p99']:>15.3f}" if base else "")
                             )
+                    pace_backend(direct, 0.0)
                     ok = stream_fidelity(direct, gateway)
                     results["stream_events_unchanged"] = ok
                     print(f"streamed events passed through unchanged: {ok}\n")
