@@ -380,8 +380,8 @@ def main() -> None:
                     help="also measure TTFT with the replica streaming one event every MS ms, as an engine does "
                          "(0: only the whole-stream-in-one-write rows)")
     ap.add_argument("--paced-rates", default="10,100",
-                    help="rates for the paced TTFT rows (at 400 req/s a paced 16-token stream keeps ~35 streams open "
-                         "per target: the backend and client core saturates and the rows measure that, not the gateway)")
+                    help="rates for the paced TTFT rows (at 400 req/s, ~90 ms paced streams keep ~18 open per target, ~55 on "
+                         "the backend with a baseline: the core it shares with the clients saturates and the rows measure that)")
     ap.add_argument("--current-gateway", action="append", default=[], metavar="KEY=VALUE",
                     help="a gateway setting for this checkout's gateway only, not the baseline's "
                          "(e.g. max_continuations=0 to price a feature the baseline lacks); repeatable")
