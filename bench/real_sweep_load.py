@@ -24,6 +24,14 @@ window catches 2 or 3 of them (+-30% on a 60 s window). When the phase
 lowers the concurrency, the surplus workers are cancelled mid-request (the
 gateway aborts the upstream request), so the old phase does not leak load
 into the new one beyond the settle period.
+
+The final usage chunk carries vLLM's per-request `metrics.speculative_decoding`
+(steps, drafted, accepted): each Sample keeps them, so the report gives every
+tenant's acceptance per window, beside the same tenant's acceptance with the
+replicas to itself (`alone` runs). SSE lines are split on LF only, as the SSE
+format and the OpenAI SDK split them: httpx's `aiter_lines` also splits on
+U+2028, U+0085 and the like, which vLLM writes raw inside JSON strings, and
+cut a few chunks of a long run in two.
 """
 
 from __future__ import annotations
@@ -65,6 +73,9 @@ class Sample:
     end: float  # wall clock
     tokens: int
     tpot_s: float | None  # None for the first (random-length) request of a worker
+    spec_steps: int = 0  # vLLM's metrics.speculative_decoding of the request (0 when absent)
+    drafted: int = 0
+    accepted: int = 0
 
 
 @dataclass
@@ -92,12 +103,25 @@ def prompt(rng: random.Random) -> str:
     return " ".join(rng.choice(_WORDS) for _ in range(rng.randint(3, 8)))
 
 
+async def sse_data(resp: httpx.Response):
+    """The `data:` payloads of an SSE response, lines split on LF (CR stripped) only."""
+    buffer = b""
+    async for piece in resp.aiter_bytes():
+        buffer += piece
+        *lines, buffer = buffer.split(b"\n")
+        for line in lines:
+            if line.startswith(b"data: "):
+                yield line[6:].rstrip(b"\r")
+
+
 class ClosedLoop:
-    def __init__(self, client: httpx.AsyncClient, gateway_url: str, max_tokens: int, seed: int):
+    def __init__(self, client: httpx.AsyncClient, gateway_url: str, max_tokens: int, seed: int,
+                 tenants: tuple[str, ...] = TENANTS):  # fmt: skip
         self.client = client
         self.url = gateway_url + "/v1/completions"
         self.max_tokens = max_tokens
         self.rng = random.Random(seed)
+        self.tenants = tenants  # those sending load (all, or one measured alone)
         self.samples: list[Sample] = []
         self.streamed: dict[str, int] = {t: 0 for t in TENANTS}  # running token count per tenant
         self.errors: dict[str, int] = {}
@@ -106,9 +130,9 @@ class ClosedLoop:
         self.workers: dict[str, list[asyncio.Task]] = {t: [] for t in TENANTS}
 
     def set_concurrency(self, total: int) -> None:
-        """Grow or shrink each tenant's worker pool to total/2 (surplus workers are cancelled)."""
-        for i, tenant in enumerate(TENANTS):
-            want = total // len(TENANTS) + (1 if i < total % len(TENANTS) else 0)
+        """Grow or shrink each sending tenant's worker pool to its share of total (surplus workers are cancelled)."""
+        for i, tenant in enumerate(self.tenants):
+            want = total // len(self.tenants) + (1 if i < total % len(self.tenants) else 0)
             pool = self.workers[tenant]
             while len(pool) < want:
                 pool.append(asyncio.create_task(self._worker(tenant)))
@@ -156,22 +180,24 @@ class ClosedLoop:
         headers = {"Authorization": f"Bearer {api_key(tenant)}"}
         first = last = None
         tokens = 0
+        spec: dict = {}
         async with self.client.stream("POST", self.url, json=body, headers=headers) as resp:
             if resp.status_code != 200:
                 body = await resp.aread()
                 self._error(f"http {resp.status_code}", body.decode(errors="replace"))
                 await asyncio.sleep(0.5)
                 return None
-            async for line in resp.aiter_lines():
-                if not line.startswith("data: ") or line == "data: [DONE]":
+            async for data in sse_data(resp):
+                if data == b"[DONE]":
                     continue
-                chunk = json.loads(line[6:])
+                chunk = json.loads(data)
                 if chunk.get("error"):
                     self._error("stream error", json.dumps(chunk["error"]))
                     return None
                 if chunk.get("choices"):
                     last = time.time()
                     first = first or last
+                spec = (chunk.get("metrics") or {}).get("speculative_decoding") or spec
                 usage = chunk.get("usage")
                 if usage:
                     now_tokens = int(usage.get("completion_tokens") or 0)
@@ -181,7 +207,10 @@ class ClosedLoop:
             self._error("no usage")
             return None
         tpot = (last - first) / (tokens - 1) if tokens > 1 and length == self.max_tokens else None
-        return Sample(tenant=tenant, end=last, tokens=tokens, tpot_s=tpot)
+        return Sample(
+            tenant=tenant, end=last, tokens=tokens, tpot_s=tpot, spec_steps=int(spec.get("num_spec_steps") or 0),
+            drafted=int(spec.get("num_draft_tokens") or 0), accepted=int(spec.get("num_accepted_draft_tokens") or 0),
+        )
 
 
 async def _scrape_all(client: httpx.AsyncClient, replica_urls: dict[str, str]) -> dict[str, dict | None]:
@@ -206,6 +235,7 @@ async def run_trace(
     max_tokens: int,
     seed: int,
     sample_policies_s: float | None = None,
+    tenants: tuple[str, ...] = TENANTS,
 ) -> TraceResult:
     """Drive the phase trace closed loop; scrape every replica at each window's edges."""
     # keep-alive shorter than uvicorn's 5 s, so the client never reuses a connection the gateway is closing
@@ -213,7 +243,7 @@ async def run_trace(
     timeout = httpx.Timeout(600.0, connect=10.0)
     policy_samples: list[dict] = []
     async with httpx.AsyncClient(limits=limits, timeout=timeout) as client, httpx.AsyncClient(timeout=10) as side:
-        loop = ClosedLoop(client, gateway_url, max_tokens, seed)
+        loop = ClosedLoop(client, gateway_url, max_tokens, seed, tenants)
         sampler = None
         if sample_policies_s:
             sampler = asyncio.create_task(_sample_policies(side, gateway_url, sample_policies_s, policy_samples))

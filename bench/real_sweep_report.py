@@ -17,6 +17,11 @@ Definitions (issue 11):
   always-off and the chosen k-table run of the same repetition; a policy's
   ratio is taken per repetition, then its median and min..max reported.
 * TPOT of a request: (last token - first token) / (tokens - 1).
+* acceptance of a tenant in a window: over the requests that finished inside
+  it, from vLLM's per-request `metrics.speculative_decoding`: acceptance
+  length 1 + accepted / speculation steps, and accepted / drafted. `alone`: the
+  same tenant under always-on with the replicas to itself (no other tenant's
+  requests in its batches); on a faithful engine the two agree.
 * measured step cost per replica and window, from /metrics deltas:
   S = steps (iteration_tokens count), t = window / S,
   N = (generated - accepted + draft tokens + computed prompt tokens) / S.
@@ -57,12 +62,18 @@ def window_stats(window: Any, samples: list[Any], tenants: Iterable[str]) -> dic
     for tenant in tenants:
         mine = [s for s in inside if s.tenant == tenant]
         tpots = [s.tpot_s * 1000 for s in mine if s.tpot_s is not None]
+        steps, drafted, accepted = (sum(getattr(s, k, 0) for s in mine) for k in ("spec_steps", "drafted", "accepted"))
         per_tenant[tenant] = {
             "tok_s": window.streamed.get(tenant, 0) / span,
             "tok_s_finished": sum(s.tokens for s in mine) / span,
             "requests": len(mine),
             "tpot_p50_ms": percentile(tpots, 0.5),
             "tpot_p99_ms": percentile(tpots, 0.99),
+            "spec_steps": steps,
+            "drafted": drafted,
+            "accepted": accepted,
+            "acceptance_length": 1 + accepted / steps if steps else None,
+            "acceptance_rate": accepted / drafted if drafted else None,
         }
     streamed = sum(window.streamed.values())
     return {
@@ -257,6 +268,7 @@ def summarize(runs: list[dict], phases: list[str], tick_s: float) -> dict:
                 geo.append(vs_best["median"])
         entry["geomean_vs_best_static"] = geomean(geo) if len(geo) == len(phases) else None
         summary["policies"][policy] = entry
+    summary["acceptance"] = acceptance(runs, phases)
     summary["tenant_gain"] = tenant_gain(runs, phases)
     summary["controller"] = controller_behaviour(runs, phases, tick_s, summary["tenant_gain"])
     plain = [r for r in runs if r["kind"] == "plain"]
@@ -271,6 +283,29 @@ def summarize(runs: list[dict], phases: list[str], tick_s: float) -> dict:
             "ratio": off["median"] / plain_tok if off and plain_tok else None,
         }
     return summary
+
+
+def acceptance(runs: list[dict], phases: list[str]) -> dict:
+    """Per drafting policy, tenant and phase: the acceptance length (median [min..max]
+    over repetitions), and per tenant the same measured `alone`."""
+    out: dict[str, Any] = {"policies": {}, "alone": {}}
+    for policy in ("always-on", "k-table", "controller"):
+        mine = runs_of(runs, policy)
+        if mine:
+            tenants = mine[0]["phases"][0]["tenants"]
+            out["policies"][policy] = {
+                t: {p: spread([phase_value(r, p, "acceptance_length", t) for r in mine]) for p in phases} for t in tenants
+            }
+    for run in (r for r in runs if r["kind"] == "alone"):
+        window = run["phases"][0]
+        tenant = run["tenant"]
+        out["alone"][tenant] = {
+            "acceptance_length": window["tenants"][tenant]["acceptance_length"],
+            "acceptance_rate": window["tenants"][tenant]["acceptance_rate"],
+            "requests": window["tenants"][tenant]["requests"],
+            "concurrency": window["concurrency"],
+        }
+    return out
 
 
 def tenant_gain(runs: list[dict], phases: list[str]) -> dict:
@@ -441,6 +476,20 @@ def report_tpot(summary: dict) -> str:
                 cells.append(f"{fmt(t['tpot_p50_ms'], 1, False)}/{fmt(t['tpot_p99_ms'], 1, False)}")
             rows.append([policy, tenant, *cells])
     return table(headers, rows)
+
+
+def report_acceptance(summary: dict) -> str:
+    """Each tenant's acceptance length per phase and policy, beside the same tenant alone."""
+    phases, acc = summary["phases"], summary.get("acceptance") or {"policies": {}, "alone": {}}
+    rows = []
+    for policy, tenants in acc["policies"].items():
+        for tenant, per_phase in tenants.items():
+            alone = acc["alone"].get(tenant)
+            alone_cell = "-" if not alone or alone["acceptance_length"] is None else (
+                f"{alone['acceptance_length']:.2f} ({alone['requests']} req, c={alone['concurrency']})"
+            )
+            rows.append([policy, tenant, *[fmt(per_phase[p], 2) for p in phases], alone_cell])
+    return table(["policy", "tenant", *[f"{p} AL" for p in phases], "alone AL (always-on)"], rows)
 
 
 def report_tenant_gain(summary: dict) -> str:

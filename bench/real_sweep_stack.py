@@ -46,6 +46,7 @@ MODEL_ARCH = "mid"
 SERVED_MODEL = "mid-qwen3"
 NGRAM = ngram_speculation(k=8, lookup_max=4, lookup_min=1)
 TENANTS = ("greedy", "temp1")
+EXPAND_FIX = "expand_batch_to_tokens"  # specgate_ext_info{engine_fixes}: drafters/vllm_ext/expand_fix.py
 
 
 # ---------------------------------------------------------------------------

@@ -42,6 +42,9 @@ class VllmMetricsSnapshot:
     # specgate vLLM extension discovery.
     ext_version: str | None = None
     ext_knobs: frozenset[str] = frozenset()
+    # Fixes of vLLM itself the plugin put in force in the replica's workers
+    # (drafters/vllm_ext/expand_fix.py): which replicas run on a patched engine.
+    ext_engine_fixes: frozenset[str] = frozenset()
     model_names: frozenset[str] = frozenset()
 
     @property
@@ -133,6 +136,7 @@ def parse_vllm_metrics(text: str) -> VllmMetricsSnapshot:
             elif family.name == "specgate_ext_info" and name == "specgate_ext_info" and value > 0:
                 snap.ext_version = labels.get("version")
                 snap.ext_knobs = frozenset(k for k in labels.get("knobs", "").split(",") if k)
+                snap.ext_engine_fixes = frozenset(f for f in labels.get("engine_fixes", "").split(",") if f)
     # GPU gauges are averaged over devices rather than summed.
     for attr in ("gpu_util", "sm_active", "tensor_active", "dram_active"):
         if attr in sums:

@@ -65,6 +65,7 @@ class ControlCore:
         else:
             est.healthy = True
             est.supports_knobs = snap.supports_knobs
+            est.engine_fixes = snap.ext_engine_fixes
             if est.samples == 0:
                 est.batch = snap.num_requests_running
 

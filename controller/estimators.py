@@ -44,6 +44,7 @@ class ReplicaEstimate:
     tensor_active: float | None = None
     dram_active: float | None = None
     supports_knobs: bool = False
+    engine_fixes: frozenset[str] = frozenset()
     healthy: bool = True
     samples: int = 0
     restarts: int = 0
@@ -95,6 +96,7 @@ class ReplicaEstimator:
         est.samples += 1
         est.restarts += int(sample.restarted)
         est.supports_knobs = sample.supports_knobs
+        est.engine_fixes = sample.engine_fixes
         if context_tokens:
             est.context_tokens = context_tokens
         first = est.samples == 1

@@ -58,6 +58,7 @@ class ReplicaSample:
     tensor_active: float | None = None
     dram_active: float | None = None
     supports_knobs: bool = False
+    engine_fixes: frozenset[str] = frozenset()  # vLLM fixes in force on the replica (specgate_ext_info)
     restarted: bool = False
 
     @property
@@ -147,6 +148,7 @@ class ReplicaDeltaTracker:
             tensor_active=snap.tensor_active,
             dram_active=snap.dram_active,
             supports_knobs=snap.supports_knobs,
+            engine_fixes=snap.ext_engine_fixes,
             restarted=restarted,
         )
 

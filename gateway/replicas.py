@@ -42,6 +42,7 @@ class ReplicaState:
     metrics_at: float = 0.0
     inflight_at_scrape: int = 0  # this gateway's in-flight count when the gauges were read
     ext_knobs: frozenset[str] = frozenset()
+    ext_engine_fixes: frozenset[str] = frozenset()  # vLLM fixes the replica's plugin put in force
     # The latest /metrics scrape (None = it failed) and when it was taken (monotonic).
     snapshot: VllmMetricsSnapshot | None = None
     snapshot_at: float = 0.0
@@ -69,6 +70,7 @@ class ReplicaState:
         self.kv_usage = snap.kv_cache_usage_perc
         self.inflight_at_scrape = self.inflight
         self.ext_knobs = snap.ext_knobs
+        self.ext_engine_fixes = snap.ext_engine_fixes
         self.metrics_at = at
 
     def serves(self, model: str) -> bool:
@@ -101,6 +103,7 @@ class ReplicaState:
             "waiting": self.waiting,
             "kv_cache_usage": self.kv_usage,
             "ext_knobs": sorted(self.ext_knobs),
+            "engine_fixes": sorted(self.ext_engine_fixes),
             "last_error": self.last_error,
             "wedged": self.wedged,
         }

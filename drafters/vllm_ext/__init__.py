@@ -5,8 +5,10 @@ entry point ``vllm.general_plugins: specgate = drafters.vllm_ext:register``.
 ``register()`` is idempotent and patches only what exists in the process's
 vLLM: the engine-core scheduler (draft cap), the V2 model runner and DSpark
 adaptive verification (confidence floor), the DFlash/DSpark drafters (a step
-drafted at K=0 runs their context pass only), and the API server's engine
-client (the ``specgate_ext_info`` gauge). On an unverified vLLM version it logs an
+drafted at K=0 runs their context pass only), the V1 rejection sampler's
+``expand_batch_to_tokens`` where a probe finds it wrong (vLLM issue #55005,
+expand_fix.py), and the API server's engine client (the ``specgate_ext_info``
+gauge, which asks the workers which engine fixes they run). On an unverified vLLM version it logs an
 error and changes nothing. See docs/vllm_ext.md.
 
 This package imports nothing from vLLM or torch at import time, so the gateway's
@@ -66,7 +68,7 @@ def register() -> bool:
             return False
         logger.warning("specgate vLLM extension forced on unverified %s %s (%s=1)", dist, version, ALLOW_ENV)
 
-    from . import adaptive_patch, discovery, draft_skip, scheduler_patch
+    from . import adaptive_patch, discovery, draft_skip, expand_fix, scheduler_patch
     from .lazy import when_imported
 
     # Each patch runs in the process that imports its module: the scheduler in
@@ -79,6 +81,12 @@ def register() -> bool:
         lambda m: adaptive_patch.install_manager(m.AdaptiveVerificationManager),
     )
     when_imported("vllm.v1.engine.async_llm", lambda m: discovery.install_async_llm_hook(m.AsyncLLM))
+    when_imported("vllm.v1.worker.worker_base", lambda m: discovery.install_worker_rpc(m.WorkerWrapperBase))
+    # vLLM issue #55005: probe the rejection sampler's expand and replace it where
+    # it is wrong (eagerly on the CPU platform, once its kernel overrides are in;
+    # elsewhere on the first call, on the inputs' device).
+    when_imported(expand_fix.MODULE, expand_fix.install_lazy)
+    when_imported("vllm.platforms.cpu", lambda m: expand_fix.install_after_overrides(m.CpuPlatform))
     # K=0 (every request in the step capped at 0): the drafter runs its context
     # pass only, no query pass (DFlash/DSpark on the V2 runner, DFlash on V1).
     when_imported("vllm.v1.worker.gpu.spec_decode.dflash.speculator", draft_skip.install_v2)

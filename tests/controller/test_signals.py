@@ -44,6 +44,14 @@ def test_replica_deltas_survive_a_restart():
     assert not s.restarted and s.drafts == 20
 
 
+def test_a_sample_carries_the_replicas_engine_fixes():
+    tr = ReplicaDeltaTracker()
+    tr.update("r", 0.0, snap(100, 200, 50, 500))
+    fixed = snap(150, 300, 70, 700)
+    fixed.ext_engine_fixes = frozenset({"expand_batch_to_tokens"})
+    assert tr.update("r", 1.0, fixed).engine_fixes == {"expand_batch_to_tokens"}
+
+
 async def test_scrape_a_sim_replica_and_differentiate():
     async with sim_replica("dspark-b8", "sim-s") as url:
         async with httpx.AsyncClient() as http:

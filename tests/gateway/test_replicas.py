@@ -33,3 +33,13 @@ def test_other_gateways_requests_and_the_queue_still_count():
     assert shared.load == pytest.approx(4 + 8 + 2)
     shared.observe_metrics(None, at=1.0)  # a failed scrape keeps the last gauges
     assert shared.load == pytest.approx(4 + 8 + 2)
+
+
+def test_the_replica_view_shows_the_engine_fixes_a_scrape_reported():
+    st = scraped("a", inflight_then=0, running=0)
+    assert st.describe()["engine_fixes"] == []
+    st.observe_metrics(
+        VllmMetricsSnapshot(ext_knobs=frozenset({"max_draft"}), ext_engine_fixes=frozenset({"expand_batch_to_tokens"})),
+        at=1.0,
+    )
+    assert st.describe()["engine_fixes"] == ["expand_batch_to_tokens"]

@@ -20,7 +20,7 @@ import pytest
 from tests.vllm_support import env as vllm_env
 
 HERE = Path(__file__).parent
-TORCH_MODULES = ["test_confidence_floor.py", "test_scheduler_caps.py"]
+TORCH_MODULES = ["test_confidence_floor.py", "test_scheduler_caps.py", "test_expand_fix.py"]
 
 
 @pytest.mark.vllm

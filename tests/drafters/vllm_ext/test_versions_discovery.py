@@ -57,6 +57,34 @@ def test_gauge_is_what_the_gateway_parses(monkeypatch):
     assert snap.supports_knobs
 
 
+def test_engine_fixes_reach_the_parsed_snapshot(monkeypatch):
+    registry = CollectorRegistry()
+    monkeypatch.setattr(discovery, "_gauge", None)
+    discovery.advertise(("max_draft", "max_batch"), registry=registry)
+    assert parse_vllm_metrics(generate_latest(registry).decode()).ext_engine_fixes == frozenset()
+    discovery.advertise(("max_draft", "max_batch"), ("expand_batch_to_tokens",), registry=registry)
+    text = generate_latest(registry).decode()
+    assert text.count("specgate_ext_info{") == 1  # re-advertised, not a second series
+    snap = parse_vllm_metrics(text)
+    assert snap.ext_engine_fixes == {"expand_batch_to_tokens"} and snap.ext_knobs == {"max_draft", "max_batch"}
+
+
+def test_the_workers_answers_are_merged():
+    fix = {"engine_fixes": ["expand_batch_to_tokens"]}
+    assert discovery.merged_fixes([fix, {"engine_fixes": []}]) == ("expand_batch_to_tokens",)
+    assert discovery.merged_fixes([{"engine_fixes": []}]) == ()
+    assert discovery.merged_fixes([None, "odd"]) == ()  # an answer of another shape lists nothing
+
+
+def test_the_worker_wrapper_answers_the_rpc_by_name():
+    class Wrapper:
+        pass
+
+    assert discovery.install_worker_rpc(Wrapper) and not discovery.install_worker_rpc(Wrapper)
+    answer = getattr(Wrapper(), discovery.ENGINE_STATE_RPC)()  # how vLLM's run_method calls it
+    assert answer["engine_fixes"] == [] and answer["expand_batch_to_tokens"]["status"] == "unprobed"
+
+
 def test_replica_without_speculation_is_not_knob_capable(monkeypatch):
     registry = CollectorRegistry()
     monkeypatch.setattr(discovery, "_gauge", None)

