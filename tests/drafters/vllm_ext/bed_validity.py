@@ -8,24 +8,24 @@ broke that for every step mixing a sampling request with drafts (vLLM issue
 check.
 
 `greedy_beside(server, temperatures)` forces the batch: the sampling
-neighbours (long, `ignore_eos`) are sent first; the greedy request is sent once
-the replica's own `vllm:num_requests_running` counts them all, and when it has
-come back the gauge must still count them and none of their responses may have
-arrived, so the greedy request's whole life lies inside theirs (a decoding
-request is scheduled in every engine step while it runs). The neighbours are
-not streamed: an API server streaming hundreds of chunks a second answers
-/metrics in seconds, by which time they would have run out of tokens.
+neighbours (long, `ignore_eos`) are streamed first with the replica's running
+token count on every chunk (`continuous_usage_stats`); the greedy request is
+sent once each has streamed a token, and each must still stream an unfinished
+chunk after the greedy response has arrived, so the greedy request's whole
+life lies inside theirs (a decoding request is scheduled in every engine step
+while it runs). The replica's counts say how many tokens each neighbour
+generated meanwhile. Nothing reads /metrics in between: an API server
+streaming hundreds of chunks a second answers it in seconds, long enough
+for a neighbour to run out of tokens.
 """
 
 from __future__ import annotations
 
-import concurrent.futures as cf
+import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-import httpx
 import openai
-from prometheus_client.parser import text_string_to_metric_families
 
 PROMPT = "the cat sat on the mat. the cat sat on the mat. the cat sat on the"
 # Near the shared servers' max_model_len (1024): a neighbour must outlive the greedy request
@@ -58,49 +58,58 @@ def spec_counts(spec: dict) -> dict:
     return {k: spec[k] for k in SPEC_FIELDS}
 
 
-def _neighbour(server, temperature: float, prompt: str, max_tokens: int) -> str | None:
-    """One long sampling request; its finish reason."""
-    resp = _client(server).completions.create(
-        model=server.model,
-        prompt=prompt,
-        max_tokens=max_tokens,
-        temperature=temperature,
-        seed=1234,
-        extra_body={"ignore_eos": True},
-    )
-    return resp.choices[0].finish_reason
+@dataclass
+class Neighbour:
+    temperature: float
+    started: threading.Event = field(default_factory=threading.Event)
+    tokens_before: int = 0  # the replica's count for it at its last chunk before the greedy request left
+    tokens_after: int | None = None  # ... at its first chunk after the greedy response arrived
+    finish_reason: str | None = None  # of that chunk (None: still generating)
+    error: BaseException | None = None
 
 
-def running_requests(server) -> float:
-    """The replica's own count of requests in its running batch."""
-    text = httpx.get(server.url + "/metrics", timeout=60).text
-    return sum(
-        s.value
-        for family in text_string_to_metric_families(text)
-        if family.name == "vllm:num_requests_running"
-        for s in family.samples
-    )
+def _stream(server, nb: Neighbour, sent: threading.Event, done: threading.Event, prompt: str, max_tokens: int) -> None:
+    try:
+        stream = _client(server).completions.create(
+            model=server.model,
+            prompt=prompt,
+            max_tokens=max_tokens,
+            temperature=nb.temperature,
+            seed=1234,
+            stream=True,
+            stream_options={"include_usage": True, "continuous_usage_stats": True},
+            extra_body={"ignore_eos": True},
+        )
+        with stream:  # leaving it closes the stream: vLLM aborts the request
+            for chunk in stream:
+                tokens = chunk.usage.completion_tokens if chunk.usage else None
+                finish = chunk.choices[0].finish_reason if chunk.choices else None
+                if done.is_set():
+                    nb.tokens_after, nb.finish_reason = tokens, finish
+                    return
+                if not sent.is_set() and tokens is not None:
+                    nb.tokens_before = tokens
+                nb.started.set()
+    except BaseException as exc:  # noqa: BLE001 - reported by Overlap.check
+        nb.error = exc
+    finally:
+        nb.started.set()
 
 
 @dataclass
 class Overlap:
-    temperatures: list[float]
-    running_before: float  # vllm:num_requests_running when the greedy request was sent
-    running_after: float  # the same right after its response
-    neighbours_done_after: int  # neighbour responses already back when the greedy one came back
-    finish_reasons: list[str | None]
+    neighbours: list[Neighbour]
+    max_tokens: int  # the neighbours' length
 
     def check(self) -> None:
-        """Raise unless every neighbour ran before, during and after the greedy request."""
-        n = len(self.temperatures)
-        assert self.neighbours_done_after == 0, (
-            f"{self.neighbours_done_after} of the neighbours {self.temperatures} finished before the greedy request"
-        )
-        assert self.running_before >= n and self.running_after >= n, (
-            f"the replica did not run the {n} neighbour(s) throughout: vllm:num_requests_running "
-            f"{self.running_before} when the greedy request was sent, {self.running_after} after it"
-        )
-        assert self.finish_reasons == ["length"] * n, self.finish_reasons
+        """Raise unless every neighbour was generating before, during and after the greedy request."""
+        for nb in self.neighbours:
+            assert nb.error is None, f"neighbour T={nb.temperature} failed: {nb.error!r}"
+            assert nb.tokens_after is not None and nb.finish_reason is None and nb.tokens_after < self.max_tokens, (
+                f"neighbour T={nb.temperature} did not outlive the greedy request: {nb.tokens_before} tokens when it "
+                f"left, {nb.tokens_after} at its first chunk after the response (finish_reason={nb.finish_reason})"
+            )
+            assert 0 < nb.tokens_before < nb.tokens_after, (nb.tokens_before, nb.tokens_after)
 
 
 def greedy_beside(
@@ -114,18 +123,23 @@ def greedy_beside(
     """The greedy request run while sampling neighbours at `temperatures` decode beside it
     (`neighbour_tokens` long: fewer where a slow engine makes 960 cost minutes; `check()`
     says whether they still outlived it)."""
+    neighbours = [Neighbour(t) for t in temperatures]
     client = _client(server)  # built before the neighbours start: the greedy request leaves at once
+    sent, done = threading.Event(), threading.Event()
+    threads = [
+        threading.Thread(target=_stream, args=(server, nb, sent, done, prompt, neighbour_tokens), daemon=True)
+        for nb in neighbours
+    ]
+    for thread in threads:
+        thread.start()
     deadline = time.monotonic() + timeout_s
-    with cf.ThreadPoolExecutor(max_workers=len(temperatures)) as pool:
-        futures = [pool.submit(_neighbour, server, t, prompt, neighbour_tokens) for t in temperatures]
-        running_before = 0.0
-        while time.monotonic() < deadline and not any(f.done() for f in futures):
-            running_before = running_requests(server)
-            if running_before >= len(temperatures):
-                break
-            time.sleep(0.01)
+    try:
+        for nb in neighbours:
+            assert nb.started.wait(max(0.0, deadline - time.monotonic())), f"neighbour T={nb.temperature} never streamed"
+        sent.set()
         text, spec = greedy(server, max_tokens, prompt, client)
-        neighbours_done = sum(f.done() for f in futures)
-        running_after = running_requests(server)
-        finish = [f.result(timeout=max(1.0, deadline - time.monotonic())) for f in futures]
-    return text, spec, Overlap(list(temperatures), running_before, running_after, neighbours_done, finish)
+    finally:
+        done.set()
+        for thread in threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+    return text, spec, Overlap(neighbours, neighbour_tokens)
