@@ -89,6 +89,8 @@ from bench.control_bound import phase_bound, static_price  # noqa: E402
 from gateway.policy_watch import PolicyView  # noqa: E402
 from gateway.replicas import ReplicaState  # noqa: E402
 from gateway.routing import RouteRequest, rank_replicas  # noqa: E402
+from testbed.phases import Phase  # noqa: E402
+from testbed.stats import percentile  # noqa: E402
 
 GPU, MODEL = "h200", "qwen3-8b"
 STATICS = ["off", "dspark-b4", "dspark-b4-av", "dspark-b8", "dspark-b8-av", "dspark-b16", "dspark-b16-av"]
@@ -266,13 +268,6 @@ class ControllerPolicy(BasePolicy):
 # Workloads
 
 
-@dataclass
-class Phase:
-    duration_s: float
-    concurrency: int
-    mix: dict[str, float]  # tenant -> weight
-
-
 class PhasedClosedLoop:
     """Closed-loop clients whose number and tenant mix change by phase."""
 
@@ -340,7 +335,8 @@ class Result:
         return self.tokens / self.duration
 
     def pct(self, q: float) -> float:
-        return float(np.percentile(self.tpot, q)) if self.tpot else float("nan")
+        value = percentile(self.tpot, q)
+        return float("nan") if value is None else value
 
     @property
     def slo(self) -> float:
@@ -595,7 +591,7 @@ def main() -> None:
 
     if not args.sweep_only:
         d = 120.0 if args.quick else 240.0
-        phases = [Phase(d, c, mix) for c, mix in TRACE_PHASES]
+        phases = [Phase(f"phase {i + 1}", d, concurrency=c, mix=mix) for i, (c, mix) in enumerate(TRACE_PHASES)]
         print(f"\n(b) phase-changing multi-tenant trace, closed loop, {len(phases)} phases x {d:.0f} s (no warm-up):")
         for i, p in enumerate(phases):
             print(f"    phase {i + 1}: concurrency {p.concurrency:>3}, mix {p.mix}")

@@ -5,7 +5,7 @@
 
 What runs (every part is the shipped one; nothing is simulated):
   - the target (`--target`): by default `taught`, the test tier's tiny Qwen3 architecture and
-    tokenizer with its weights trained for 400 steps on word chains (tests/vllm_support/tiny_model.py
+    tokenizer with its weights trained for 400 steps on word chains (testbed/models.py
     `chain_corpus`: in each tenant's half of the vocabulary every word has a likely successor), so
     its greedy output depends on the context as a language model's does; `tiny` is the test tier's
     random-weight model, whose greedy output is a hash of the context that settles into loops;
@@ -54,14 +54,14 @@ from bench.real_sweep_stack import Gateway, RedisHandle, admin_key, api_key  # n
 from drafters.capture.mooncake_runtime import MooncakeCluster  # noqa: E402
 from drafters.capture.mooncake_store import mooncake_spec, segment_bytes_for  # noqa: E402
 from drafters.training.layers import capture_layer_ids_for  # noqa: E402
-from tests.vllm_support import env as vllm_env  # noqa: E402
-from tests.vllm_support.launcher import (  # noqa: E402
+from testbed import vllm_env  # noqa: E402
+from testbed.vllm_server import (  # noqa: E402
     VllmServer,
     VllmServerSpec,
     generate_model,
     ngram_speculation,
 )
-from tests.vllm_support.tiny_model import SPEC_VERSIONS, domains  # noqa: E402
+from testbed.models import SPEC_VERSIONS, domains  # noqa: E402
 
 SERVED = "tiny-qwen3"
 TENANTS = ("code", "prose")  # `code` opts in to capture and gets its own drafter; `prose` is the control

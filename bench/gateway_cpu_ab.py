@@ -184,7 +184,7 @@ def main() -> None:
 
     backend_port = free_port()
     backend = subprocess.Popen(
-        pinned(args.backend_cpu, [sys.executable, "-m", "tests.support.fake_openai_backend", "--port", str(backend_port), "--spec", "--knobs"]),
+        pinned(args.backend_cpu, [sys.executable, "-m", "testbed.fake_openai", "--port", str(backend_port), "--spec", "--knobs"]),
         cwd=ROOT, stdout=subprocess.DEVNULL,
     )
     trees: dict[str, Path] = {}

@@ -5,7 +5,7 @@ Setup (2-core machine layout; pass --gateway-cpu/--backend-cpu to change):
 * gateway pinned to one core (taskset), with everything on: bearer auth,
   Redis budgets (generous limits, still checked and settled per request),
   Prometheus metrics, OpenTelemetry spans (SDK tracer, no exporter);
-* the fake vLLM replica (`tests/support/fake_openai_backend.py`) and the load
+* the fake vLLM replica (`testbed/fake_openai.py`) and the load
   generators on the other core.
 
 Measures:
@@ -46,7 +46,6 @@ import os
 import random
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -54,14 +53,13 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from testbed.procs import free_port  # noqa: E402
+from testbed.stats import percentile  # noqa: E402
+
 KEY = "sk-bench-0123456789"
 CHAT = {"model": "fake-model", "messages": [{"role": "user", "content": "hello there, how are you today?"}], "max_tokens": 16}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 NICE = 0  # set from --nice: scheduling priority of the gateway, backend and load generators
@@ -96,12 +94,9 @@ def cpu_seconds(pid: int) -> float:
 
 
 def pct(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    values = sorted(values)
-    k = (len(values) - 1) * q
-    lo, hi = int(k), min(int(k) + 1, len(values) - 1)
-    return values[lo] + (values[hi] - values[lo]) * (k - lo)
+    """testbed.stats' percentile at q in 0..1, NaN (not None) for no value: the tables do arithmetic on it."""
+    value = percentile(values, q * 100)
+    return float("nan") if value is None else value
 
 
 # -- open-loop latency ----------------------------------------------------
@@ -412,7 +407,7 @@ def main() -> None:
     base_root = baseline_worktree(args.baseline) if args.baseline else None
     try:
         backend = subprocess.Popen(
-            pinned(args.backend_cpu, [sys.executable, "-m", "tests.support.fake_openai_backend", "--port", str(backend_port), "--spec", "--knobs"]),
+            pinned(args.backend_cpu, [sys.executable, "-m", "testbed.fake_openai", "--port", str(backend_port), "--spec", "--knobs"]),
             stdout=subprocess.DEVNULL,
             cwd=ROOT,
         )

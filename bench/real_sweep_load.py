@@ -45,24 +45,14 @@ from dataclasses import dataclass, field
 import httpx
 from real_sweep_stack import SERVED_MODEL, TENANTS, admin_get, api_key, scrape_replica
 
+from testbed.phases import Phase  # a closed-loop phase: `concurrency` in total, split evenly between the tenants
+
 TEMPERATURE = {"greedy": 0.0, "temp1": 1.0}
 _WORDS = (
     "the a gateway replica token draft verify accept reject speculation tenant budget request response stream "
     "chunk model server latency queue batch cache prefix policy controller router metric counter window limit "
     "quick brown fox jumps over lazy dog one two three four five red green blue cat bird fish tree river city road"
 ).split()  # noqa: SIM905
-
-
-@dataclass(frozen=True)
-class Phase:
-    name: str
-    concurrency: int  # total, split evenly between the tenants
-    settle_s: float  # part of the phase, not measured (the controller reacts, the closed loop refills)
-    measure_s: float
-
-    @property
-    def duration_s(self) -> float:
-        return self.settle_s + self.measure_s
 
 
 @dataclass

@@ -35,6 +35,9 @@ import statistics
 from collections.abc import Iterable
 from typing import Any
 
+from testbed.report import policy_label, table
+from testbed.stats import percentile
+
 STATIC = ("always-on", "always-off", "k-table")
 MAIN = ("controller", *STATIC)
 COST_THRESHOLD = 0.03  # the "costs the tenant more than 3%"
@@ -42,15 +45,6 @@ COST_THRESHOLD = 0.03  # the issue's "costs the tenant more than 3%"
 
 # ---------------------------------------------------------------------------
 # one run, one window
-
-
-def percentile(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    pos = (len(ordered) - 1) * q
-    lo, hi = math.floor(pos), math.ceil(pos)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
 
 
 def window_stats(window: Any, samples: list[Any], tenants: Iterable[str]) -> dict:
@@ -67,8 +61,8 @@ def window_stats(window: Any, samples: list[Any], tenants: Iterable[str]) -> dic
             "tok_s": window.streamed.get(tenant, 0) / span,
             "tok_s_finished": sum(s.tokens for s in mine) / span,
             "requests": len(mine),
-            "tpot_p50_ms": percentile(tpots, 0.5),
-            "tpot_p99_ms": percentile(tpots, 0.99),
+            "tpot_p50_ms": percentile(tpots, 50),
+            "tpot_p99_ms": percentile(tpots, 99),
             "spec_steps": steps,
             "drafted": drafted,
             "accepted": accepted,
@@ -107,21 +101,6 @@ def step_point(first: dict | None, last: dict | None) -> dict | None:
 
 # ---------------------------------------------------------------------------
 # policies (controller runs)
-
-
-def policy_label(policy: dict | None) -> str:
-    if not policy:
-        return "?"
-    if not policy.get("enabled", True) or policy.get("max_draft") == 0:
-        return "off"
-    parts = ["on"]
-    if policy.get("max_draft") is not None:
-        parts.append(f"k<={policy['max_draft']}")
-    if policy.get("max_batch") is not None:
-        parts.append(f"B<={policy['max_batch']}")
-    if policy.get("preferred_profile"):
-        parts.append(f"->{policy['preferred_profile']}")
-    return " ".join(parts)
 
 
 def effective_on(policy: dict | None, batch_per_replica: float) -> bool | None:
@@ -437,12 +416,6 @@ def step_rows(runs: list[dict]) -> list[dict]:
 
 # ---------------------------------------------------------------------------
 # printing
-
-
-def table(headers: list[str], rows: list[list[str]]) -> str:
-    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
-    line = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths))  # noqa: E731
-    return "\n".join([line(headers), line(["-" * w for w in widths]), *(line(r) for r in rows)])
 
 
 def report_throughput(summary: dict) -> str:

@@ -5,7 +5,7 @@ Why a module of its own: the sweep restarts the gateway between policies and
 the replicas between launch configurations (ngram, ngram + vLLM's batch-size
 -> K table, no speculation), and every one of those processes must die with
 the bench, however it ends (Ctrl-C, SIGTERM, an exception, the bench being
-SIGKILLed). vLLM servers go through tests/vllm_support/launcher.py (process
+SIGKILLed). vLLM servers go through testbed/vllm_server.py (process
 groups, PDEATHSIG, log files); the gateway gets the same treatment here. No
 gateway or controller code is imported: the gateway is the `specgate` CLI.
 """
@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -30,17 +29,15 @@ sys.path.insert(0, str(REPO))
 
 from contract.profiles import is_profile_label  # noqa: E402
 from contract.vllm_metrics import parse_vllm_metrics  # noqa: E402
-from tests.vllm_support.launcher import (  # noqa: E402
+from testbed.procs import descendants, free_port, spawn, stop_tree  # noqa: E402
+from testbed.vllm_server import (  # noqa: E402
     VllmServer,
     VllmServerSpec,
-    _descendants,
-    _die_with_parent,
-    free_port,
     generate_model,
     log_tail,
     ngram_speculation,
 )
-from tests.vllm_support.tiny_model import SPEC_VERSIONS  # noqa: E402
+from testbed.models import SPEC_VERSIONS  # noqa: E402
 
 MODEL_ARCH = "mid"
 SERVED_MODEL = "mid-qwen3"
@@ -104,7 +101,7 @@ def renice_frontend(server: VllmServer, nice: int) -> None:
     they have host cores of their own."""
     if server.proc is None:
         return
-    for pid in [server.proc.pid, *_descendants(server.proc.pid)]:
+    for pid in [server.proc.pid, *descendants(server.proc.pid)]:
         try:
             if "Worker" in Path(f"/proc/{pid}/comm").read_text():
                 continue
@@ -198,12 +195,10 @@ class RedisHandle:
             self.url = "redis://127.0.0.1:6379/0"
         else:
             port = free_port()
-            self.proc = subprocess.Popen(
+            self.proc = spawn(
                 ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
                 stdout=open(log_dir / "redis.log", "ab"),
                 stderr=subprocess.STDOUT,
-                start_new_session=True,
-                preexec_fn=_die_with_parent,
             )
             deadline = time.monotonic() + 20
             while not _redis_up("127.0.0.1", port):
@@ -217,7 +212,7 @@ class RedisHandle:
 
     def close(self) -> None:
         if self.proc is not None:
-            _stop_group(self.proc, 5)
+            stop_tree(self.proc, 5)
             return
         try:
             import redis
@@ -307,24 +302,6 @@ def set_nice(pid: int, nice: int) -> None:
         pass
 
 
-def _stop_group(proc: subprocess.Popen, grace_s: float) -> None:
-    if proc.poll() is None:
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-        except (ProcessLookupError, PermissionError):
-            proc.terminate()
-        try:
-            proc.wait(timeout=grace_s)
-        except subprocess.TimeoutExpired:
-            pass
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    if proc.poll() is None:
-        proc.wait(timeout=10)
-
-
 class Gateway:
     """`specgate gateway --config <yaml> [--embedded-controller]` on a loopback port."""
 
@@ -351,10 +328,7 @@ class Gateway:
         log = open(self.log_path, "ab")
         log.write(("$ " + " ".join(cmd) + "\n").encode())
         log.flush()
-        self.proc = subprocess.Popen(
-            cmd, cwd=str(REPO), env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-            start_new_session=True, preexec_fn=_die_with_parent,
-        )  # fmt: skip
+        self.proc = spawn(cmd, cwd=str(REPO), env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
         log.close()
         if self.nice:
             set_nice(self.proc.pid, self.nice)
@@ -382,7 +356,7 @@ class Gateway:
 
     def stop(self) -> None:
         if self.proc is not None:
-            _stop_group(self.proc, 10)
+            stop_tree(self.proc, 10)
             self.proc = None
 
 

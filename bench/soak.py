@@ -66,7 +66,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import ctypes
 import hashlib
 import json
 import os
@@ -92,6 +91,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import soak_report
 from drafters.sim.server import synthetic_text  # the sim replicas' deterministic output (token-exactness check)
+from testbed.procs import free_port, signal_group, spawn
 
 try:
     from orjson import loads as _loads
@@ -215,22 +215,6 @@ def make_tenants(rps: float) -> list[dict]:
 # processes
 
 
-_PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent() -> None:  # in the child, between fork and exec
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-    except OSError:
-        pass
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class Proc:
     """One child in its own process group; start() again restarts it with the same argv."""
 
@@ -250,10 +234,7 @@ class Proc:
         with open(self.log_path, "ab") as log:
             log.write(f"\n$ {' '.join(self.argv)}   # {time.strftime('%H:%M:%S')}\n".encode())
             log.flush()
-            self.proc = subprocess.Popen(
-                self.argv, cwd=str(REPO), env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                start_new_session=True, preexec_fn=_die_with_parent,  # noqa: PLW1509
-            )  # fmt: skip
+            self.proc = spawn(self.argv, cwd=str(REPO), env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
         self.stopped = False
 
     @property
@@ -266,8 +247,7 @@ class Proc:
     def signal(self, sig: int) -> None:
         if self.proc is None:
             return
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.proc.pid, sig)
+        signal_group(self.proc, sig, only_if_exists=True)
         if sig == signal.SIGSTOP:
             self.stopped = True
         elif sig == signal.SIGCONT:

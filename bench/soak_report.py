@@ -37,7 +37,13 @@ Definitions (also in docs/benchmarks.md):
 from __future__ import annotations
 
 import math
+import sys
 from collections import Counter, defaultdict
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from testbed.stats import percentile  # noqa: E402
 
 REQ_FIELDS = (
     "id", "kind", "gw", "tenant", "stream", "endpoint", "max_tokens", "t_send", "t_hdr", "t_first", "t_end", "status",
@@ -46,14 +52,6 @@ REQ_FIELDS = (
 )  # fmt: skip
 
 BAD = ("error_event", "cut", "conn_error", "hung")
-
-
-def pct(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    v = sorted(values)
-    i = min(len(v) - 1, max(0, math.ceil(q / 100 * len(v)) - 1))
-    return v[i]
 
 
 def fmt_s(x: float | None, digits: int = 2) -> str:
@@ -240,9 +238,9 @@ def outcome_line(recs: list[dict]) -> dict:
         "cut": c["cut"],
         "conn_error": c["conn_error"],
         "hung": c["hung"],
-        "p50": pct(ok_lat, 50),
-        "p99": pct(ok_lat, 99),
-        "ttft_p99": pct(ttft, 99),
+        "p50": percentile(ok_lat, 50),
+        "p99": percentile(ok_lat, 99),
+        "ttft_p99": percentile(ttft, 99),
         "max_stall": max((stall(r) for r in recs), default=None),
     }
 
@@ -263,7 +261,7 @@ def share_text(c: Counter) -> str:
 def probe_stats(probes: list[list], gw: str, start: float, end: float) -> dict:
     lat = [p[2] for p in probes if p[1] == gw and start <= p[0] < end and p[2] is not None]
     fails = Counter(str(p[3]) for p in probes if p[1] == gw and start <= p[0] < end and (p[2] is None or p[3] != 200))
-    return {"n": len(lat) + sum(fails.values()), "p50": pct(lat, 50), "p99": pct(lat, 99), "max": max(lat, default=None),
+    return {"n": len(lat) + sum(fails.values()), "p50": percentile(lat, 50), "p99": percentile(lat, 99), "max": max(lat, default=None),
             "fails": dict(fails)}  # fmt: skip
 
 
@@ -453,9 +451,9 @@ def detail_stop(w, recs: list[dict], e: dict, calm: dict, settings: dict) -> dic
     rs = overlapping(recs, at, cont)
     stalls = sorted(rs, key=stall, reverse=True)
     calm_stall = [stall(r) for r in overlapping(recs, calm["start"], calm["end"])]
-    w(f"  stall of the {len(rs)} requests in flight while stopped: p50 {fmt_s(pct([stall(r) for r in rs], 50))} "
-      f"p99 {fmt_s(pct([stall(r) for r in rs], 99))} max {fmt_s(stall(stalls[0]) if stalls else None)} s "
-      f"(calm: p99 {fmt_s(pct(calm_stall, 99))} max {fmt_s(max(calm_stall, default=None))})")
+    w(f"  stall of the {len(rs)} requests in flight while stopped: p50 {fmt_s(percentile([stall(r) for r in rs], 50))} "
+      f"p99 {fmt_s(percentile([stall(r) for r in rs], 99))} max {fmt_s(stall(stalls[0]) if stalls else None)} s "
+      f"(calm: p99 {fmt_s(percentile(calm_stall, 99))} max {fmt_s(max(calm_stall, default=None))})")
     for r in stalls[:3]:
         w(f"    worst: #{r['id']} {'stream' if r['stream'] else 'non-stream'} via {r['gw']}->{r['replica']} "
           f"sent {r['t_send']:.1f} {r['outcome']}{'/' + str(r['status']) if r['status'] not in (None, 200) else ''} "
@@ -561,10 +559,10 @@ def detail_hostile(w, e: dict, calm: dict, result: dict, gws: list[str], setting
           f"max {fmt_ms(c['max'])} ms")
     lag_b = [x[1] for x in result["lag"] if at <= x[0] < end]
     lag_c = [x[1] for x in result["lag"] if calm["start"] <= x[0] < calm["end"]]
-    w(f"  the bench's own event-loop lag p99: burst {fmt_ms(pct(lag_b, 99))} ms, calm {fmt_ms(pct(lag_c, 99))} ms")
+    w(f"  the bench's own event-loop lag p99: burst {fmt_ms(percentile(lag_b, 99))} ms, calm {fmt_ms(percentile(lag_c, 99))} ms")
     life = st.get("lifetimes", [])
     w(f"  trickle: opened {st.get('opened')} (max concurrent {st.get('max_concurrent')}), refused/failed to connect "
-      f"{st.get('refused')}, closed by the gateway {st.get('closed_by_server')} (lifetime p50 {fmt_s(pct(life, 50), 1)} "
+      f"{st.get('refused')}, closed by the gateway {st.get('closed_by_server')} (lifetime p50 {fmt_s(percentile(life, 50), 1)} "
       f"max {fmt_s(max(life, default=None), 1)} s), responses {st.get('responses')}, still open at the end "
       f"{st.get('open_at_end')} (oldest {fmt_s(max(st.get('open_at_end_ages') or [], default=None), 1)} s)")
     for b in st.get("big", []):

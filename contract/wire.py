@@ -6,7 +6,7 @@ chunks, the usage chunk), ``usage``, ``metrics.speculative_decoding`` (vLLM's
 ``--per-request-spec-decode-metrics summary``), SSE framing and ``[DONE]``,
 error bodies and ``/v1/models``.  The simulated replica
 (``drafters.sim.server``) and the fast fake backend of the gateway tests
-(``tests/support/fake_openai_backend.py``) both build through this module, so
+(``testbed/fake_openai.py``) both build through this module, so
 they cannot drift apart; the gateway only *reads* this format
 (``gateway/sse.py``, ``gateway/relay.py``).
 

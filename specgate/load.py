@@ -37,8 +37,10 @@ import orjson
 from contract.profiles import parse_profile
 from contract.telemetry import RequestSpecStats
 
+from testbed.phases import Phase, lay_out
+from testbed.report import policy_knobs
+
 from .load_stats import (
-    Phase,
     RequestRecord,
     at_seconds,
     bin_width,
@@ -179,10 +181,12 @@ def phase_name(t: float, cfg: LoadConfig) -> str:
 def phases(cfg: LoadConfig) -> list[Phase]:
     """The phases `rate_at` / `phase_name` define, numbered (the step pattern has two `light`s)."""
     if cfg.pattern == "constant":
-        return [Phase(1, "constant", 0.0, cfg.duration_s, cfg.rps)]
+        return lay_out([Phase("constant", cfg.duration_s, rate=cfg.rps)])
     third = cfg.duration_s / 3.0
     edges = [0.0, third, 2 * third, cfg.duration_s]
-    return [Phase(i + 1, phase_name(edges[i], cfg), edges[i], edges[i + 1], rate_at(edges[i], cfg)) for i in range(3)]
+    return lay_out(
+        Phase(phase_name(edges[i], cfg), edges[i + 1] - edges[i], rate=rate_at(edges[i], cfg)) for i in range(3)
+    )
 
 
 def pick_tenant(tenants: tuple[TenantKey, ...], rng: random.Random) -> TenantKey:
@@ -289,16 +293,7 @@ def new_decisions(history: list[dict], seen: set[tuple]) -> list[dict]:
 def format_decision(d: dict, t0_wall: float) -> str:
     p = d.get("policy") or {}
     state = "ON " if p.get("enabled") else "OFF"
-    knobs = []
-    if p.get("enabled"):
-        if p.get("max_draft") is not None:
-            knobs.append(f"max_draft={p['max_draft']}")
-        if p.get("min_confidence") is not None:
-            knobs.append(f"min_conf={p['min_confidence']:.2f}")
-        if p.get("preferred_profile"):
-            knobs.append(f"profile={p['preferred_profile']}")
-        if p.get("max_batch") is not None:
-            knobs.append(f"max_batch={p['max_batch']}")
+    knobs = policy_knobs(p) if p.get("enabled") else []
     at = at_seconds(d.get("at"))
     when = f"t={at - t0_wall:+6.1f}s" if at is not None else "t=?"
     return f"  [{when}] tenant {d.get('tenant')!s:<8} speculation {state} {' '.join(knobs):<28} <- {d.get('reason', '')}"

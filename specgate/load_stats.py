@@ -29,26 +29,12 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Iterable, Sequence
 
-import numpy as np
 
 from contract.telemetry import RequestSpecStats
+from testbed.phases import Phase, phase_at
+from testbed.stats import percentile  # noqa: F401 - the convention the benches share (re-exported)
 
 ALL = "all"  # the row / series that sums every tenant
-
-
-@dataclass(frozen=True)
-class Phase:
-    """One stretch of the workload at one offered rate ("1 light", "2 heavy", ...)."""
-
-    index: int
-    name: str
-    start_s: float
-    end_s: float
-    rate: float  # offered arrivals per second
-
-    @property
-    def label(self) -> str:
-        return f"{self.index} {self.name}"
 
 
 @dataclass(frozen=True)
@@ -93,12 +79,6 @@ def tpot(first_s: float | None, last_s: float | None, completion_tokens: int) ->
     return (last_s - first_s) / (completion_tokens - 1)
 
 
-def percentile(values: Iterable[float | None], q: float) -> float | None:
-    """q-th percentile (0..100, numpy's linear interpolation) of the defined values; None if none."""
-    xs = [v for v in values if v is not None and not math.isnan(v)]
-    return float(np.percentile(xs, q)) if xs else None
-
-
 def chunk_tokens(chunk_times: Sequence[float], per_chunk: Sequence[int | None], completion_tokens: int
                  ) -> tuple[tuple[float, int], ...]:
     """(time, tokens) per chunk. Where a chunk's count is unknown (a replica that does not send
@@ -115,13 +95,6 @@ def chunk_tokens(chunk_times: Sequence[float], per_chunk: Sequence[int | None], 
 def tokens_between(records: Iterable[RequestRecord], start_s: float, end_s: float) -> int:
     """Completion tokens whose chunk arrived in [start_s, end_s)."""
     return sum(n for r in records for t, n in r.token_times if start_s <= t < end_s)
-
-
-def phase_of(t: float, phases: Sequence[Phase]) -> Phase | None:
-    for p in phases:
-        if p.start_s <= t < p.end_s:
-            return p
-    return None
 
 
 @dataclass(frozen=True)
@@ -180,7 +153,7 @@ def phase_stats(records: Sequence[RequestRecord], phases: Sequence[Phase], tenan
     including tenants not listed)."""
     rows = []
     for phase, window in zip(phases, phase_windows(phases, end_s)):
-        in_phase = [r for r in records if phase_of(r.sent_s, phases) is phase]
+        in_phase = [r for r in records if phase_at(r.sent_s, phases) is phase]
         for tenant in tenants:
             rows.append(_stats(phase, tenant, [r for r in in_phase if r.tenant == tenant],
                                [r for r in records if r.tenant == tenant], window))

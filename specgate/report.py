@@ -17,10 +17,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
+from testbed.phases import Phase
+
 from .load_stats import (
     ALL,
     LEGEND,
-    Phase,
     PhaseTenantStats,
     PolicyPoint,
     Series,

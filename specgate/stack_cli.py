@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 from pathlib import Path
 from typing import Optional
 
@@ -44,7 +45,13 @@ def register(app: typer.Typer) -> None:
         except ValueError as exc:
             typer.echo(f"specgate up: {exc}", err=True)
             raise typer.Exit(2)
-        raise typer.Exit(run_up(plan, out=lambda line: typer.echo(line)))
+        code = run_up(plan, out=lambda line: typer.echo(line))
+        # Everything is stopped by now. What is left of the exit is the interpreter's final
+        # collection over the whole heap (FastAPI, pydantic, OpenTelemetry, the controller): the
+        # larger part of the exit after Ctrl-C (0.3 s median, 2 s at worst, in 79 stops on a loaded
+        # two-core machine; 0.03 s / 1.2 s with the heap frozen), and nothing in it holds a resource.
+        gc.freeze()
+        raise typer.Exit(code)
 
     @app.command("load")
     def load(

@@ -9,7 +9,7 @@ controller and vLLM-compatible replica surface -- with one command, and so that
 Layout: `make_plan()` is pure (options -> what to start, keys included);
 `banner()` renders what to print; `run_up()` does the I/O: start replicas,
 wait for health, serve the gateway, stop everything on Ctrl-C/SIGTERM.
-Cleanup guarantees (no orphans, no leaked ports) live in `specgate.procs`.
+Cleanup guarantees (no orphans, no leaked ports) live in `testbed.procs`.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ import httpx
 from contract.settings import DEFAULT_GPU, DEFAULT_MODEL
 
 from . import DEFAULT_GATEWAY_PORT
-from .procs import Supervisor, wait_http_ok
+from testbed.procs import Supervisor, free_port, wait_http_ok
 
 DEFAULT_REPLICAS = ("dspark-b8", "dspark-b8", "off")
 DEFAULT_STATE_FILE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "specgate" / "up.json"
@@ -90,12 +90,6 @@ class UpPlan:
     def gateway_url(self) -> str:
         host = "127.0.0.1" if self.host in ("0.0.0.0", "::") else self.host
         return f"http://{host}:{self.port}"
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
 
 
 def make_plan(
@@ -346,8 +340,8 @@ async def _serve(plan: UpPlan, sup: Supervisor, out: Callable[[str], None]) -> i
         if not serve_task.done():
             server.should_exit = True
             await serve_task
-        with contextlib.suppress(Exception):
-            await store.close()
+        with contextlib.suppress(Exception):  # bounded: a Redis that stopped answering must not hold the exit
+            await asyncio.wait_for(store.close(), timeout=5.0)
 
 
 class _ShutdownCancellations(logging.Filter):

@@ -1,7 +1,10 @@
 """The package boundaries, read from the source: the gateway (data plane) and
 the controller (control plane) are siblings that never import each other;
 they agree through `contract`, which imports neither (nor anything else of
-specgate); only `specgate` (the composition and the CLI) may import both.
+specgate); only `specgate` (the composition and the CLI) may import both. `testbed`
+(what tests and benchmarks start and measure) imports neither plane nor the
+composition (the sim replica's token scheme in `drafters` it shares), and
+neither it nor `bench/` ever imports `tests/`.
 No cycle inside one package either, TYPE_CHECKING imports included: a cycle
 there is still a pair of modules that cannot be read one without the other.
 """
@@ -14,7 +17,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("contract", "gateway", "controller", "drafters", "specgate")
+PACKAGES = ("contract", "gateway", "controller", "drafters", "specgate", "testbed")
 
 
 def _module_name(path: Path) -> str:
@@ -66,6 +69,7 @@ def _top(module: str) -> str:
         ("controller", {"gateway", "specgate"}),
         ("contract", {"gateway", "controller", "drafters", "specgate"}),
         ("drafters", {"gateway", "controller", "specgate"}),
+        ("testbed", {"gateway", "controller", "specgate"}),
     ],
 )
 def test_no_import_edge_across_the_boundary(importer, forbidden):
@@ -73,6 +77,19 @@ def test_no_import_edge_across_the_boundary(importer, forbidden):
         f"{src} -> {dst}" for src, dsts in GRAPH.items() if _top(src) == importer for dst in dsts if _top(dst) in forbidden
     )
     assert not edges, f"{importer} must not import {sorted(forbidden)}:\n" + "\n".join(edges)
+
+
+@pytest.mark.parametrize("tree", ["bench", "testbed"])
+def test_benchmarks_and_the_testbed_never_import_the_tests(tree):
+    """What a bench needs from the tests' tooling lives in `testbed`, so a bench runs
+    from a tree without tests and the tests can change without breaking a bench."""
+    offenders = sorted(
+        f"{path.relative_to(ROOT)}: {module}"
+        for path in (ROOT / tree).rglob("*.py")
+        for module in _imports(path)
+        if module == "tests" or module.startswith("tests.")
+    )
+    assert not offenders, "\n".join(offenders)
 
 
 def _cycles_within(package: str) -> list[list[str]]:

@@ -13,7 +13,7 @@
 # Env: PYTHON (default python3, must have vllm 0.33.x + torch CUDA), PORT (8123), K (8),
 #      PROMPTS (64), MAX_TOKENS (128), CONCURRENCY (16), BOOT_TIMEOUT (900 s).
 # Nothing is downloaded: the machine has no network. Without TARGET/DRAFTER the
-# script builds the tiny random Qwen3 (tests/vllm_support/tiny_model.py) and a
+# script builds the tiny random Qwen3 (testbed/models.py) and a
 # tiny DSpark drafter with the real `speculators` package
 # (tests/drafters/vllm_ext/tiny_dspark.py; needs speculators 0.9 installed) --
 # random weights mean ~0 acceptance, so that run checks mechanics (caps, the
@@ -64,7 +64,7 @@ if [ -z "${TARGET:-}" ] || [ -z "${DRAFTER:-}" ]; then
   TARGET=$OUT/tiny-qwen3
   DRAFTER=$OUT/tiny-dspark
   say "no TARGET/DRAFTER given: building tiny random models in $OUT (mechanics check only)"
-  HF_HUB_OFFLINE=1 "$PY" tests/vllm_support/tiny_model.py "$TARGET"
+  HF_HUB_OFFLINE=1 "$PY" testbed/models.py "$TARGET"
   HF_HUB_OFFLINE=1 "$PY" tests/drafters/vllm_ext/tiny_dspark.py "$TARGET" "$DRAFTER"
   K=$("$PY" -c 'import json,sys; print(json.load(open(sys.argv[1]))["block_size"])' "$DRAFTER/config.json")
 fi

@@ -322,7 +322,7 @@ def _same_as_vllm(ours, theirs, path="$"):
 
 @pytest.mark.vllm
 def test_matches_vllm_protocol_models():
-    from tests.vllm_support import env as vllm_env
+    from testbed import vllm_env
 
     reason = vllm_env.unavailable_reason()
     if reason:

@@ -1,6 +1,6 @@
 """Gateway test fixtures: real uvicorn servers on loopback ports (each in its
 own thread and event loop), the documented fake OpenAI backend
-(`tests/support/fake_openai_backend.py`) as the replica, real Redis for state."""
+(`testbed/fake_openai.py`) as the replica, real Redis for state."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import httpx
 import pytest
 import uvicorn
 
-from tests.support.fake_openai_backend import FakeBackend
+from testbed.fake_openai import FakeBackend
 from gateway.app import create_app
 from gateway.server import GatewayServer, build_config, find_gateway
 from contract.settings import hash_key, load_settings

@@ -28,6 +28,7 @@ from drafters.sim.replica import SimReplicaSettings
 from drafters.sim.requests import chat_prompt, completion_prompt
 from drafters.sim.server import create_app as create_sim_app
 from drafters.sim.tokens import output_token_ids
+from testbed.fake_openai import answer_lifespan
 from tests.gateway.conftest import KEYS, ServerThread, free_port, tenant, wait_for
 
 MODEL = "sim-model"
@@ -46,13 +47,8 @@ class CaptureRecorder:
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] == "lifespan":
-            while True:
-                msg = await receive()
-                if msg["type"] == "lifespan.startup":
-                    await send({"type": "lifespan.startup.complete"})
-                elif msg["type"] == "lifespan.shutdown":
-                    await send({"type": "lifespan.shutdown.complete"})
-                    return
+            await answer_lifespan(receive, send)
+            return
         body = b""
         while True:
             msg = await receive()

@@ -30,7 +30,7 @@ from tests.vllm_support.fixtures import (  # noqa: F401  (pytest fixtures)
     vllm_ngram_server,
     vllm_plain_server,
 )
-from tests.vllm_support.launcher import VllmServer
+from testbed.vllm_server import VllmServer
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 

@@ -80,11 +80,14 @@ def test_circuit_breaker_stops_sending_to_failing_replica(start_backend, start_g
 
 def test_breaker_half_open_probe_closes_on_success(start_backend, start_gateway):
     a = start_backend(name="a")
-    gw = start_gateway([{"url": a.url, "name": "a"}], breaker_failures=1, breaker_open_s=0.3, max_attempts=1)
+    gw = start_gateway([{"url": a.url, "name": "a"}], breaker_failures=1, breaker_open_s=60, max_attempts=1)
     a.fake.control.update(fail_next=1, fail_status=500)
     assert httpx.post(gw.url + "/v1/chat/completions", json=CHAT, headers=AUTH).status_code == 500
     assert httpx.post(gw.url + "/v1/chat/completions", json=CHAT, headers=AUTH).status_code == 503  # open
-    time.sleep(0.35)
+    # The open period passes (moved back rather than slept: with a short one, a loaded machine
+    # let it pass between the two requests above, and the "open" one was the probe).
+    breaker = gw.state.registry.get("a").breaker
+    breaker.opened_at -= breaker.open_s
     assert httpx.post(gw.url + "/v1/chat/completions", json=CHAT, headers=AUTH).status_code == 200  # probe
     assert gw.state.registry.get("a").breaker.state(time.monotonic()) == "closed"
 

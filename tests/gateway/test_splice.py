@@ -1,5 +1,5 @@
 """Stream continuation end to end on fake replicas (SIMULATED vLLM, see
-tests/support/fake_openai_backend.py: deterministic output ids, so a
+testbed/fake_openai.py: deterministic output ids, so a
 continued stream must be the uninterrupted one token for token): the real
 gateway over loopback HTTP, the real openai SDK as the client. The real-vLLM
 tier is tests/gateway/test_real_vllm_continuation.py."""
@@ -16,7 +16,7 @@ import pytest
 
 from contract.store.redis_store import RedisStore
 from contract.telemetry import read_all
-from tests.support.fake_openai_backend import OUTPUT_BASE, output_text
+from testbed.fake_openai import OUTPUT_BASE, output_text
 
 from .conftest import KEYS, backend_requests, wait_for
 

@@ -17,7 +17,6 @@ from specgate.load import (
 )
 from specgate.load_stats import (
     ALL,
-    Phase,
     PolicyPoint,
     RequestRecord,
     at_seconds,
@@ -33,9 +32,10 @@ from specgate.load_stats import (
     tpot,
 )
 
-LIGHT = Phase(1, "light", 0.0, 10.0, 1.0)
-HEAVY = Phase(2, "heavy", 10.0, 20.0, 10.0)
-PHASES = [LIGHT, HEAVY]
+from testbed.phases import Phase, lay_out  # noqa: E402
+
+PHASES = lay_out([Phase("light", 10.0, rate=1.0), Phase("heavy", 10.0, rate=10.0)])
+LIGHT, HEAVY = PHASES
 
 
 def rec(tenant, sent, chunks, tokens=None, spec=None, status=200, error=None):

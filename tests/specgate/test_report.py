@@ -5,16 +5,16 @@ from __future__ import annotations
 
 from contract.telemetry import RequestSpecStats
 from specgate.load_stats import (
-    Phase,
     RequestRecord,
     phase_stats,
     policy_timeline,
     time_series,
 )
 from specgate.report import ReportData, render_html, write_report
+from testbed.phases import Phase, lay_out
 from tests.specgate.report_checks import chart_svgs
 
-PHASES = [Phase(1, "light", 0.0, 4.0, 1.0), Phase(2, "heavy", 4.0, 8.0, 10.0), Phase(3, "light", 8.0, 12.0, 1.0)]
+PHASES = lay_out([Phase("light", 4.0, rate=1.0), Phase("heavy", 4.0, rate=10.0), Phase("light", 4.0, rate=1.0)])
 TENANTS = ["chat", "code"]
 
 

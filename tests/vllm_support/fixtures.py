@@ -6,7 +6,7 @@ area conftest:
 - `vllm_available` (session): skips (reason from scripts/setup_vllm_env.sh) when
   .venv-vllm is missing; under CI=true / SPECGATE_REQUIRE_VLLM=1 it FAILS instead.
 - `tiny_model_dir` (session): path of the generated tiny Qwen3 checkpoint
-  (cached under .cache/specgate-tests/, regenerated when tiny_model.SPEC_VERSION changes).
+  (cached under .cache/specgate-tests/, regenerated when testbed.models.SPEC_VERSION changes).
 - `mid_model_dir` (session): the ~100M-parameter `mid` Qwen3 (same cache).
 - `vllm_ngram_server` (session): a VllmServer with ngram speculation (K=NGRAM_K)
   and `--per-request-spec-decode-metrics summary`.
@@ -32,15 +32,15 @@ from pathlib import Path
 
 import pytest
 
-from . import env as vllm_env
-from .launcher import (
+from testbed import vllm_env
+from testbed.vllm_server import (
     VllmBootError,
     VllmServer,
     VllmServerSpec,
     generate_model,
     ngram_speculation,
 )
-from .tiny_model import SPEC_VERSION
+from testbed.models import SPEC_VERSION
 
 NGRAM_K = 4
 
@@ -108,9 +108,9 @@ def tiny_model_dir(vllm_available) -> Path:
 
 @pytest.fixture(scope="session")
 def mid_model_dir(vllm_available) -> Path:
-    """The ~100M-parameter Qwen3 (tiny_model.py --arch mid): big enough that two
+    """The ~100M-parameter Qwen3 (testbed/models.py --arch mid): big enough that two
     CPU cores turn compute-bound at a handful of tokens per step."""
-    from .tiny_model import SPEC_VERSIONS
+    from testbed.models import SPEC_VERSIONS
 
     return generate_model(vllm_env.cache_dir() / SPEC_VERSIONS["mid"], "mid")
 

@@ -21,7 +21,7 @@ import redis
 from drafters.capture.mooncake_runtime import MooncakeCluster
 from drafters.capture.mooncake_store import mooncake_spec, segment_bytes_for
 
-from . import env as vllm_env
+from testbed import vllm_env
 from .fixtures import _skip_or_fail
 
 HERE = Path(__file__).parent

@@ -32,8 +32,8 @@ import pytest
 from contract.capture import capture_request_body, tenant_slug
 from drafters.capture.replica import SAMPLE_KEY_PARAM, capture_replica_args
 from drafters.capture.store import _STATS_FILE, _TMP_PREFIX, SampleStore
-from tests.vllm_support import env as vllm_env
-from tests.vllm_support.launcher import VllmServer, VllmServerSpec
+from testbed import vllm_env
+from testbed.vllm_server import VllmServer, VllmServerSpec
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 

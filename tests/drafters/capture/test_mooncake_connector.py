@@ -19,7 +19,7 @@ import pytest
 from contract.capture import capture_request_body, tenant_slug
 from drafters.capture.mooncake_store import MooncakeSampleStore
 from drafters.capture.replica import SAMPLE_KEY_PARAM, capture_replica_args
-from tests.vllm_support.launcher import VllmServer, VllmServerSpec
+from testbed.vllm_server import VllmServer, VllmServerSpec
 from tests.vllm_support.mooncake_fixtures import MOONCAKE_MAX_BYTES, fresh_store_spec
 
 from .test_connector import HIDDEN, LAYER_IDS, capture_three, hf_reference, send

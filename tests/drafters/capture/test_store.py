@@ -183,7 +183,7 @@ print("ok", path)
 
 @pytest.mark.vllm
 def test_put_read_round_trip_with_torch(tmp_path, vllm_available):
-    from tests.vllm_support import env as vllm_env
+    from testbed import vllm_env
 
     proc = subprocess.run(
         [str(vllm_env.python()), "-c", _ROUND_TRIP, str(tmp_path)],

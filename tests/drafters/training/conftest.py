@@ -18,14 +18,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.vllm_support import env as vllm_env
+from testbed import vllm_env
+from testbed.cache import exclusive
 from tests.vllm_support.fixtures import (  # noqa: F401
     tiny_model_dir,
     vllm_available,
     vllm_log_dir,
     vllm_plain_server,
 )
-from tests.vllm_support.tiny_model import SPEC_VERSION as VERIFIER_VERSION
+from testbed.models import SPEC_VERSION as VERIFIER_VERSION
 
 HERE = Path(__file__).parent
 REPO = HERE.parents[2]
@@ -52,8 +53,9 @@ def untrained_drafter(tiny_model_dir) -> Path:
     from tests.drafters.vllm_ext.tiny_dspark import SPEC_VERSION as DRAFTER_VERSION
 
     out = vllm_env.cache_dir() / f"{DRAFTER_VERSION}-for-{VERIFIER_VERSION}"
-    proc = subprocess.run([str(vllm_env.python()), str(REPO / "tests/drafters/vllm_ext/tiny_dspark.py"),
-                           str(tiny_model_dir), str(out)], capture_output=True, text=True, timeout=600, env=torch_env())
+    with exclusive(out):  # test_vllm_dspark.py builds the same one, maybe on another worker
+        proc = subprocess.run([str(vllm_env.python()), str(REPO / "tests/drafters/vllm_ext/tiny_dspark.py"),
+                               str(tiny_model_dir), str(out)], capture_output=True, text=True, timeout=600, env=torch_env())
     assert proc.returncode == 0, proc.stderr[-3000:]
     return out
 

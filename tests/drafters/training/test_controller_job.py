@@ -20,7 +20,7 @@ from contract.keys import AUDIT_KEY
 from contract.settings import Settings, hash_key
 from controller import training
 from controller.service import Controller
-from tests.vllm_support import env as vllm_env
+from testbed import vllm_env
 
 from .conftest import OTHER, TENANT, specgate
 

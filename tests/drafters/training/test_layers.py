@@ -16,7 +16,7 @@ import subprocess
 import pytest
 
 from drafters.training.layers import capture_layer_ids, default_target_layer_ids, feature_columns
-from tests.vllm_support import env as vllm_env
+from testbed import vllm_env
 
 
 def test_capture_ids_are_the_drafter_aux_ids_plus_the_last_layer():

@@ -37,7 +37,7 @@ from drafters.vllm_ext.draft_skip import (
     v1_digests,
     v2_digests,
 )
-from tests.vllm_support import env as vllm_env
+from testbed import vllm_env
 
 # vLLM 0.32's parameter lists, for the stand-in modules below.
 V2_PROPOSE_PARAMS = (

@@ -34,17 +34,20 @@ SAMPLED_ID = 11
 
 def _model_dir() -> str:
     """A Qwen3 config dir; only config.json/tokenizer are read (no weights)."""
-    from tests.vllm_support import env as vllm_env
-    from tests.vllm_support.tiny_model import SPEC_VERSION
+    from testbed import vllm_env
+    from testbed.models import SPEC_VERSION
+
+    from testbed.cache import exclusive
 
     path = vllm_env.cache_dir() / SPEC_VERSION
-    if not (path / ".complete").exists():
-        import subprocess
-        import sys
+    with exclusive(path):  # the suite's other workers may be generating it
+        if not (path / ".complete").exists():
+            import subprocess
+            import sys
 
-        script = Path(__file__).resolve().parents[2] / "vllm_support" / "tiny_model.py"
-        subprocess.run([sys.executable, str(script), str(path)], check=True, timeout=600,
-                       env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})  # fmt: skip
+            script = Path(__file__).resolve().parents[3] / "testbed" / "models.py"
+            subprocess.run([sys.executable, str(script), str(path)], check=True, timeout=600,
+                           env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})  # fmt: skip
     return str(path)
 
 

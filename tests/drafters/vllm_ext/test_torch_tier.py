@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.vllm_support import env as vllm_env
+from testbed import vllm_env
 
 HERE = Path(__file__).parent
 TORCH_MODULES = ["test_confidence_floor.py", "test_scheduler_caps.py", "test_expand_fix.py"]

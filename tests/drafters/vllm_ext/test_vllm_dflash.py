@@ -18,10 +18,11 @@ from pathlib import Path
 import openai
 import pytest
 
-from tests.vllm_support import env as vllm_env
+from testbed import vllm_env
+from testbed.cache import exclusive
 from tests.vllm_support.fixtures import release_server, shared_server
-from tests.vllm_support.launcher import VllmServerSpec
-from tests.vllm_support.tiny_model import SPEC_VERSION as VERIFIER_VERSION
+from testbed.vllm_server import VllmServerSpec
+from testbed.models import SPEC_VERSION as VERIFIER_VERSION
 
 from .drafter_counts import ENV as DEBUG_COUNTERS_ENV
 from .drafter_counts import assert_k0_steps_skip_the_drafter, window
@@ -37,13 +38,14 @@ PROMPT = "the cat sat on the mat. the cat sat on the mat. the cat sat on the"
 @pytest.fixture(scope="module")
 def dflash_server(tiny_model_dir, vllm_log_dir):
     drafter_dir = vllm_env.cache_dir() / f"{DFLASH_SPEC_VERSION}-for-{VERIFIER_VERSION}"
-    proc = subprocess.run(
-        [str(vllm_env.python()), str(HERE / "tiny_dspark.py"), str(tiny_model_dir), str(drafter_dir), "dflash"],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"},
-    )
+    with exclusive(drafter_dir):
+        proc = subprocess.run(
+            [str(vllm_env.python()), str(HERE / "tiny_dspark.py"), str(tiny_model_dir), str(drafter_dir), "dflash"],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"},
+        )
     assert proc.returncode == 0, f"building the tiny DFlash drafter failed:\n{proc.stderr[-4000:]}"
     spec = VllmServerSpec(
         model_dir=str(tiny_model_dir),

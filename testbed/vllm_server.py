@@ -2,7 +2,7 @@
 
 API (stdlib only, usable from any test module):
 
-    from tests.vllm_support.launcher import VllmServer, VllmServerSpec, ngram_speculation
+    from testbed.vllm_server import VllmServer, VllmServerSpec, ngram_speculation
 
     spec = VllmServerSpec(
         model_dir="/path/to/tiny-qwen3",          # tests.vllm_support.fixtures.tiny_model_dir
@@ -43,11 +43,8 @@ WHY these flags:
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -56,7 +53,9 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import env as vllm_env
+from . import vllm_env
+from .cache import exclusive
+from .procs import free_port, kill_tree, spawn, stop_tree
 
 DEFAULT_ENV = {
     "VLLM_CPU_KVCACHE_SPACE": "1",  # GiB of KV cache
@@ -75,37 +74,32 @@ DEFAULT_ENV = {
 
 
 def generate_model(out_dir: Path, arch: str = "tiny", timeout_s: float = 600) -> Path:
-    """Run tiny_model.py (architecture `arch`, see its ARCHS) inside .venv-vllm
+    """Run models.py (architecture `arch`, see its ARCHS) inside .venv-vllm
     (torch lives only there), unless OUT_DIR already holds that version.
     Shared by the test fixtures and bench/real_sweep.py."""
-    from .tiny_model import SPEC_VERSIONS
+    from .models import SPEC_VERSIONS
 
     marker = out_dir / ".complete"
-    if marker.exists() and marker.read_text().strip() == SPEC_VERSIONS[arch]:
-        return out_dir
-    script = Path(__file__).with_name("tiny_model.py")
-    started = time.monotonic()
-    proc = subprocess.run(
-        [str(vllm_env.python()), str(script), *(["--arch", arch] if arch != "tiny" else []), str(out_dir)],
-        capture_output=True,
-        text=True,
-        timeout=timeout_s,
-        env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"},
-    )
+    with exclusive(out_dir):  # parallel test workers: one generates, the others wait for it
+        if marker.exists() and marker.read_text().strip() == SPEC_VERSIONS[arch]:
+            return out_dir
+        script = Path(__file__).with_name("models.py")
+        started = time.monotonic()
+        proc = subprocess.run(
+            [str(vllm_env.python()), str(script), *(["--arch", arch] if arch != "tiny" else []), str(out_dir)],
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"},
+        )
     if proc.returncode != 0:
         raise RuntimeError(f"{arch} model generation failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
-    print(f"[vllm_support] generated {out_dir} in {time.monotonic() - started:.1f}s", file=sys.stderr)
+    print(f"[testbed] generated {out_dir} in {time.monotonic() - started:.1f}s", file=sys.stderr)
     return out_dir
 
 
 class VllmBootError(RuntimeError):
     """The server exited or did not become ready in time; message holds the log tail."""
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def ngram_speculation(k: int = 4, lookup_max: int = 4, lookup_min: int = 1) -> dict:
@@ -187,48 +181,6 @@ class VllmServerSpec:
         return merged
 
 
-try:  # resolved here, not in the forked child: importing between fork and exec can deadlock
-    _prctl = ctypes.CDLL("libc.so.6", use_errno=True).prctl
-except (OSError, AttributeError):
-    _prctl = None
-
-
-def _die_with_parent() -> None:
-    """In the child before exec: SIGTERM it when the test process dies, even by SIGKILL (a CI
-    timeout), so no vLLM server outlives its pytest run. vLLM's API server then stops its engine."""
-    if _prctl is not None:
-        _prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-
-
-def _descendants(pid: int) -> list[int]:
-    """All live descendants of pid, from /proc (no psutil in the gateway venv)."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                stat = f.read()
-            ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        children.setdefault(ppid, []).append(int(entry))
-    out, stack = [], [pid]
-    while stack:
-        for child in children.get(stack.pop(), []):
-            out.append(child)
-            stack.append(child)
-    return out
-
-
-def _signal_all(pids: list[int], sig: int) -> None:
-    for pid in pids:
-        try:
-            os.kill(pid, sig)
-        except ProcessLookupError:
-            pass
-
-
 class VllmServer:
     def __init__(self, spec: VllmServerSpec, log_dir: str | os.PathLike, port: int | None = None):
         self.spec = spec
@@ -259,15 +211,13 @@ class VllmServer:
         self._log_file.write(("$ " + " ".join(cmd) + "\n").encode())
         self._log_file.flush()
         self._started_at = time.monotonic()
-        self.proc = subprocess.Popen(
+        self.proc = spawn(  # own process group, dies with the test process (testbed.procs)
             cmd,
             cwd=str(vllm_env.REPO_ROOT),
             env=self.spec.environment(),
             stdin=subprocess.DEVNULL,
             stdout=self._log_file,
             stderr=subprocess.STDOUT,
-            start_new_session=True,  # own process group: stop() signals the whole tree
-            preexec_fn=_die_with_parent if _prctl is not None else None,
         )
         return self
 
@@ -316,38 +266,13 @@ class VllmServer:
 
     def kill(self) -> None:
         """SIGKILL the server and every child at once: a crash, as a failover test wants it."""
-        if self.proc is None:
-            return
-        pids = [self.proc.pid, *_descendants(self.proc.pid)]
-        _signal_all(pids, signal.SIGKILL)
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        self.proc.wait(timeout=30)
+        if self.proc is not None:
+            kill_tree(self.proc)
 
     def stop(self, grace_s: float = 15.0) -> None:
         """Terminate the process tree (SIGTERM, then SIGKILL after grace_s). Idempotent."""
         if self.proc is not None:
-            pids = [self.proc.pid, *_descendants(self.proc.pid)]
-            if self.proc.poll() is None:
-                try:
-                    os.killpg(self.proc.pid, signal.SIGTERM)
-                except (ProcessLookupError, PermissionError):
-                    self.proc.terminate()
-                try:
-                    self.proc.wait(timeout=grace_s)
-                except subprocess.TimeoutExpired:
-                    pass
-            # Children that ignored SIGTERM or left the group (engine core, workers).
-            leftovers = [p for p in pids if os.path.exists(f"/proc/{p}")]
-            _signal_all(leftovers, signal.SIGKILL)
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-            if self.proc.poll() is None:
-                self.proc.wait(timeout=30)
+            stop_tree(self.proc, grace_s)
         if self._log_file is not None:
             self._log_file.close()
             self._log_file = None

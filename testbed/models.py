@@ -15,8 +15,8 @@ details).
 
 Run it INSIDE .venv-vllm (the gateway's .venv has no torch):
 
-    .venv-vllm/bin/python tests/vllm_support/tiny_model.py OUT_DIR
-    .venv-vllm/bin/python tests/vllm_support/tiny_model.py --arch mid OUT_DIR
+    .venv-vllm/bin/python testbed/models.py OUT_DIR
+    .venv-vllm/bin/python testbed/models.py --arch mid OUT_DIR
 
 `--arch` picks a named architecture (ARCHS); the default `tiny` is the test
 tier's model. `taught` is the same architecture and tokenizer, its random

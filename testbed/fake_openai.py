@@ -42,7 +42,7 @@ request bodies and headers as received), `GET /_fake/stats` (requests,
 completed, cancelled = client went away before the response finished).
 
 Run (from the repository root):
-`python -m tests.support.fake_openai_backend --port 8001 [--spec] [--knobs]`.
+`python -m testbed.fake_openai --port 8001 [--spec] [--knobs]`.
 """
 
 from __future__ import annotations
@@ -57,15 +57,31 @@ from typing import Any
 import orjson
 
 from contract import wire
+from drafters.sim.tokens import OUTPUT_TOKEN_BASE, output_start, output_token_ids
 
 
-OUTPUT_BASE = 100_000  # ids of output tokens: OUTPUT_BASE + position
+# The token-id scheme is the sim replica's (drafters.sim.tokens): output position j is id
+# OUTPUT_BASE + j, and a token-id prompt ending in output ids continues after them. Only the
+# text differs: " tok{j}", which a test can read at a glance.
+OUTPUT_BASE = OUTPUT_TOKEN_BASE
 
 
 def output_text(start: int, n: int) -> str:
     """The text of output tokens [start, start + n)."""
     return "".join(f" tok{i}" for i in range(start, start + n))
 
+
+
+async def answer_lifespan(receive, send) -> None:
+    """Answer an ASGI server's lifespan protocol for an app with nothing to start or stop
+    (uvicorn otherwise logs that the app does not support lifespan)."""
+    while True:
+        msg = await receive()
+        if msg["type"] == "lifespan.startup":
+            await send({"type": "lifespan.startup.complete"})
+        elif msg["type"] == "lifespan.shutdown":
+            await send({"type": "lifespan.shutdown.complete"})
+            return
 
 class _Die(Exception):
     """Raised mid-response to make the server drop the connection."""
@@ -100,13 +116,8 @@ class FakeBackend:
     # -- ASGI ---------------------------------------------------------
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] == "lifespan":
-            while True:
-                msg = await receive()
-                if msg["type"] == "lifespan.startup":
-                    await send({"type": "lifespan.startup.complete"})
-                elif msg["type"] == "lifespan.shutdown":
-                    await send({"type": "lifespan.shutdown.complete"})
-                    return
+            await answer_lifespan(receive, send)
+            return
         path = scope["path"]
         method = scope["method"]
         while self.control["frozen"] and not path.startswith("/_fake/"):
@@ -228,9 +239,7 @@ class FakeBackend:
     def _start(self, req: dict) -> int:
         """Where the output starts: after the output tokens a token-id prompt ends with."""
         p = req.get("prompt")
-        if isinstance(p, list) and p and isinstance(p[-1], int) and p[-1] >= OUTPUT_BASE:
-            return p[-1] - OUTPUT_BASE + 1
-        return 0
+        return output_start(p) if isinstance(p, list) and p and all(isinstance(i, int) for i in p) else 0
 
     def _spec(self, req: dict, n: int) -> dict | None:
         """`metrics.speculative_decoding` for n completion tokens (None: not a speculative replica)."""
@@ -272,7 +281,7 @@ class FakeBackend:
             last = i == start + n - 1
             events.append(wire.content_chunk(
                 rid, created, model, f" tok{i}", chat=chat, finish_reason=finish if last else None,
-                token_ids=[OUTPUT_BASE + i] if ids else None,
+                token_ids=output_token_ids(i, 1) if ids else None,
                 prompt_token_ids=prompt_ids if ids and not chat and i == start else None))
         include_usage, _ = wire.stream_usage_flags(req.get("stream_options"))
         if include_usage:

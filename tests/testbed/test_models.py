@@ -1,10 +1,10 @@
-"""The taught target's corpus (tests/vllm_support/tiny_model.py): the word
+"""The taught target's corpus (testbed/models.py): the word
 chains bench/drafter_loop.py's target learns. Pure Python, no torch."""
 
 from collections import Counter
 from itertools import pairwise
 
-from tests.vllm_support.tiny_model import (
+from testbed.models import (
     _WORDS,
     CHAIN_FIRST,
     CHAIN_SECOND,

@@ -1,0 +1,50 @@
+"""What the benches and `specgate load` print alike: a speculation policy's knobs, and
+plain-text tables.
+
+Why here: the real-engine sweep's per-window policy column and `specgate load`'s
+decision lines name the same knobs; written twice they drifted (one dropped the
+confidence floor, the two ordered the knobs differently).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+# (policy field, long name, short form) in the one order both spellings use.
+_KNOBS = (
+    ("max_draft", "max_draft={}", "k<={}"),
+    ("min_confidence", "min_conf={:.2f}", "conf>={:.2f}"),
+    ("max_batch", "max_batch={}", "B<={}"),
+    ("preferred_profile", "profile={}", "->{}"),
+)
+
+
+def speculating(policy: Mapping[str, Any]) -> bool:
+    """Enabled, and not capped at zero drafts."""
+    return bool(policy.get("enabled", True)) and policy.get("max_draft") != 0
+
+
+def policy_knobs(policy: Mapping[str, Any], short: bool = False) -> list[str]:
+    """The knobs a speculating policy sets, e.g. ["max_draft=2", "max_batch=4"] or, short,
+    ["k<=2", "B<=4"]; none for a policy that does not speculate."""
+    if not speculating(policy):
+        return []
+    return [(s if short else long).format(policy[key]) for key, long, s in _KNOBS if policy.get(key) not in (None, "")]
+
+
+def policy_label(policy: Mapping[str, Any] | None) -> str:
+    """Short: "off", "on", "on k<=2 B<=4", "?" for no policy."""
+    if not policy:
+        return "?"
+    return " ".join(["on", *policy_knobs(policy, short=True)]) if speculating(policy) else "off"
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """Left-aligned columns under a rule, two spaces apart."""
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
+
+    def line(cells: Sequence[str]) -> str:
+        return "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()
+
+    return "\n".join([line(headers), line(["-" * w for w in widths]), *(line(r) for r in rows)])
