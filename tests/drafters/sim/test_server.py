@@ -64,12 +64,16 @@ async def test_streaming_one_chunk_per_step_and_usage(sim_server):
         text = "".join(contents)
         assert text.startswith("[specgate-sim]") and len(text.split()) == 60
         tokens_per_chunk = [len(c.split()) for c in contents]
-        # one chunk per engine step: the prefill token, then <= K+1 tokens per verify step
-        assert max(tokens_per_chunk) <= 5
-        # (+1 possible plain decode step at the very end, when only one token remains to be drafted)
-        plain_steps = len(contents) - 1 - spec["num_spec_steps"]
+        # The prefill token, then 1 + accepted tokens per verify step (+1 possible plain decode
+        # step at the very end, when only one token remains to be drafted).
+        steps = spec["num_spec_steps"]
+        plain_steps = 60 - 1 - steps - spec["num_accepted_draft_tokens"]
         assert 0 <= plain_steps <= 1
-        assert sum(tokens_per_chunk[1:]) == spec["num_spec_steps"] + spec["num_accepted_draft_tokens"] + plain_steps
+        # One chunk per engine step while the reader keeps up; one that falls behind (a loaded
+        # machine) gets the steps it missed merged into one chunk, as from vLLM (seen: 22 tokens).
+        assert len(contents) <= 1 + steps + plain_steps
+        if len(contents) == 1 + steps + plain_steps:  # nothing merged: each chunk is one step, <= K+1 tokens
+            assert max(tokens_per_chunk) <= 5
         # without include_usage there is no usage chunk
         stream = await client.chat.completions.create(
             model=MODEL, messages=[{"role": "user", "content": "Count."}], max_tokens=5, stream=True)
