@@ -5,8 +5,8 @@
 #   - docker-compose, promtool/prometheus, hadolint for the deployment checks
 #   - Redis: the tests use 127.0.0.1:6379 when it answers, else start their own
 # Then, for the whole suite (no arguments):
-#   1. the tests marked `timing` alone, on one process: they measure engine step times, which
-#      the other workers' bursts would move;
+#   1. the tests marked `timing` alone, on one process: they rest on wall-clock step times (a
+#      real engine's, or the simulated replicas'), which the other workers' bursts would move;
 #   2. everything else on SPECGATE_TEST_WORKERS parallel workers (pytest-xdist, default 3: the
 #      suite waits more than it computes, so three keep two cores busy), whole modules per worker
 #      (`--dist loadgroup`, groups set in tests/conftest.py: a module's fixtures, vLLM servers
