@@ -29,10 +29,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Iterable, Sequence
 
-
 from contract.telemetry import RequestSpecStats
 from testbed.phases import Phase, phase_at
-from testbed.stats import percentile  # noqa: F401 - the convention the benches share (re-exported)
+from testbed.stats import percentile  # the convention the benches share
 
 ALL = "all"  # the row / series that sums every tenant
 

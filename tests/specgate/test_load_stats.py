@@ -24,7 +24,6 @@ from specgate.load_stats import (
     chunk_tokens,
     draft_cap,
     format_tables,
-    percentile,
     phase_stats,
     policy_timeline,
     time_series,
@@ -42,13 +41,6 @@ def rec(tenant, sent, chunks, tokens=None, spec=None, status=200, error=None):
     tokens = sum(n for _, n in chunks) if tokens is None else tokens
     return RequestRecord(tenant=tenant, sent_s=sent, status=status, completion_tokens=tokens,
                          token_times=tuple(chunks), spec=spec, error=error)
-
-
-def test_percentile_interpolates_and_ignores_missing_values():
-    assert percentile([1.0, 2.0, 3.0, 4.0], 50) == pytest.approx(2.5)
-    assert percentile([None, 10.0, float("nan")], 99) == 10.0
-    assert percentile(range(1, 101), 99) == pytest.approx(99.01)
-    assert percentile([None], 50) is None and percentile([], 50) is None
 
 
 def test_tpot_is_the_time_between_first_and_last_token_per_later_token():

@@ -23,10 +23,13 @@ def test_undefined_values_are_dropped_and_none_means_no_value():
     assert percentile([None, 1.0, math.nan, 3.0], 50) == 2.0
     assert percentile([], 99) is None
     assert percentile([None, math.nan], 50) is None
+    assert percentile([None, 10.0, math.nan], 99) == 10.0
+    assert percentile([None], 50) is None
 
 
 def test_interpolates_between_the_two_closest_ranks():
     assert percentile([10.0, 20.0], 99) == pytest.approx(19.9)  # nearest rank would say 20
+    assert percentile([1.0, 2.0, 3.0, 4.0], 50) == pytest.approx(2.5)
     assert percentile(range(1, 101), 99) == pytest.approx(99.01)
 
 
