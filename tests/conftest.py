@@ -17,7 +17,7 @@ import uuid
 import pytest
 import redis
 
-from testbed.procs import free_port  # noqa: F401 - the tests import it from here
+from testbed.procs import free_port
 
 
 def _redis_answers(url: str) -> bool:

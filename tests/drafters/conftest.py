@@ -85,7 +85,7 @@ def sim_server():
     import uvicorn
 
     from drafters.sim.server import create_app
-    from tests.conftest import free_port
+    from testbed.procs import free_port
 
     @contextlib.asynccontextmanager
     async def start(settings):

@@ -18,7 +18,8 @@ from testbed.fake_openai import FakeBackend
 from gateway.app import create_app
 from gateway.server import GatewayServer, build_config, find_gateway
 from contract.settings import hash_key, load_settings
-from tests.conftest import free_port, wait_for  # noqa: F401 - wait_for is re-exported to the gateway tests
+from testbed.procs import free_port
+from tests.conftest import wait_for  # noqa: F401 - re-exported to the gateway tests
 
 KEYS = {"alpha": "sk-alpha-0123456789", "beta": "sk-beta-0123456789", "gamma": "sk-gamma-0123456789"}
 

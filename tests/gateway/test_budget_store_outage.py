@@ -17,7 +17,7 @@ import pytest
 
 from contract.settings import load_settings
 from gateway.app import create_app
-from tests.conftest import free_port
+from testbed.procs import free_port
 
 from tests.support.private_redis import PrivateRedis
 

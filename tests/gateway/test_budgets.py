@@ -83,7 +83,7 @@ def test_budget_store_down_fails_closed_with_503(start_backend, start_gateway):
     OpenAI-shaped, with Retry-After) when Redis is unreachable; no hang."""
     from contract.settings import load_settings
     from gateway.app import create_app
-    from tests.conftest import free_port
+    from testbed.procs import free_port
 
     from .conftest import ServerThread
 

@@ -11,7 +11,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import free_port
+from testbed.procs import free_port
 
 from .conftest import KEYS
 

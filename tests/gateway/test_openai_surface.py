@@ -144,7 +144,7 @@ def test_body_too_large_is_413(start_backend, start_gateway):
 
 
 def test_no_healthy_replica_is_503(start_gateway):
-    from tests.conftest import free_port
+    from testbed.procs import free_port
 
     gateway = start_gateway([{"url": f"http://127.0.0.1:{free_port()}", "model": "fake-model"}])
     with pytest.raises(openai.InternalServerError) as exc:

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import free_port
+from testbed.procs import free_port
 
 from .conftest import KEYS, tenant
 

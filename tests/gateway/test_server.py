@@ -20,7 +20,7 @@ import httpx
 import pytest
 import yaml
 
-from tests.conftest import free_port
+from testbed.procs import free_port
 
 from .conftest import KEYS, tenant, wait_for
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import free_port
+from testbed.procs import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -216,7 +216,7 @@ def prometheus_results(live_stack, tmp_path_factory):
         ],
     }
     (tmp / "prometheus.yml").write_text(yaml.safe_dump(config))
-    from tests.conftest import free_port
+    from testbed.procs import free_port
 
     port = free_port()
     proc = subprocess.Popen([binary, f"--config.file={tmp / 'prometheus.yml'}", f"--storage.tsdb.path={tmp / 'data'}",

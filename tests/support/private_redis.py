@@ -9,7 +9,8 @@ import subprocess
 
 import redis
 
-from tests.conftest import free_port, wait_for
+from testbed.procs import free_port
+from tests.conftest import wait_for
 
 
 class PrivateRedis:

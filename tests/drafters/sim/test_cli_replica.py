@@ -9,7 +9,7 @@ import time
 import httpx
 
 from contract.vllm_metrics import parse_vllm_metrics
-from tests.conftest import free_port
+from testbed.procs import free_port
 
 
 def test_sim_replica_command_serves_and_stops():

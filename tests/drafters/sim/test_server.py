@@ -239,7 +239,7 @@ async def test_client_disconnect_frees_the_slot(sim_server):
 
 async def test_several_replicas_in_one_event_loop():
     from drafters.sim.server import serve_sim_replicas
-    from tests.conftest import free_port
+    from testbed.procs import free_port
 
     ports = [free_port(), free_port()]
     settings = [SimReplicaSettings(profile="dspark-b8", name="a"), SimReplicaSettings(profile="off", name="b")]
