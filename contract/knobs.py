@@ -2,7 +2,7 @@
 one strict parser for client input (the gateway answers 400), the one lenient
 parser for the engine side (the vLLM plugin and the simulator never fail a
 request), the merge of a client's knobs with the tenant's policy, and the
-per-step rules (`cap_at`, `step_draft_len`).
+per-step rules (`cap_at`, `schedule_cap`, `step_draft_len`).
 
 The gateway puts the knobs into `vllm_xargs` (which vLLM copies verbatim into
 `SamplingParams.extra_args`); the plugin reads them in the engine core (draft
@@ -26,12 +26,22 @@ from typing import Any, Iterable, Mapping, Protocol
 MAX_DRAFT_KEY = "specgate_max_draft"
 MIN_CONFIDENCE_KEY = "specgate_min_confidence"
 MAX_BATCH_KEY = "specgate_max_batch"
-KNOB_NAMES = ("max_draft", "min_confidence", "max_batch")
-KEYS = (MAX_DRAFT_KEY, MIN_CONFIDENCE_KEY, MAX_BATCH_KEY)
+SCHEDULE_KEY = "specgate_schedule"
+KNOB_NAMES = ("max_draft", "min_confidence", "max_batch", "schedule")
+KEYS = (MAX_DRAFT_KEY, MIN_CONFIDENCE_KEY, MAX_BATCH_KEY, SCHEDULE_KEY)
 KEY_PREFIX = "specgate_"
 
 MAX_DRAFT_LIMIT = 64  # no DSpark profile drafts more than 16; 64 leaves headroom for other drafters
 MAX_BATCH_LIMIT = 1 << 16
+MAX_SCHEDULE_PAIRS = 64
+
+# A batch -> draft-length schedule: ((max_batch, max_draft), ...), max_batch strictly
+# ascending. In a step that schedules `b` requests a request may draft the max_draft of
+# the first pair whose max_batch >= b, and nothing above the last pair's max_batch -- the
+# lookup vLLM's `num_speculative_tokens_per_batch_size` table does for the whole engine,
+# here per request (so per tenant). On the wire (`vllm_xargs`, whose values may be
+# scalars or flat lists of them) it is the flat list [B1, K1, B2, K2, ...].
+Schedule = tuple[tuple[int, int], ...]
 # Integer knobs: their upper bound for client input; a smaller value means less speculation.
 INTEGER_KNOBS = {MAX_DRAFT_KEY: MAX_DRAFT_LIMIT, MAX_BATCH_KEY: MAX_BATCH_LIMIT}
 
@@ -48,24 +58,108 @@ class RequestKnobs:
     # flight when a load step arrives, which a per-request cap set at
     # admission cannot reach.
     max_batch: int | None = None
+    # The per-step schedule (`Schedule`); max_draft / max_batch are its one-pair case and,
+    # when sent beside it, further caps (the smallest cap wins).
+    schedule: Schedule | None = None
     errors: tuple[str, ...] = field(default=())
 
     @property
     def is_stock(self) -> bool:
-        return self.max_draft is None and self.min_confidence is None and self.max_batch is None
+        return self.max_draft is None and self.min_confidence is None and self.max_batch is None and self.schedule is None
 
     def cap_at(self, batch: int) -> int | None:
         """The draft cap in a step of `batch` requests (None = uncapped)."""
-        return cap_at(self.max_draft, self.max_batch, batch)
+        return cap_at(self.max_draft, self.max_batch, batch, self.schedule)
 
 
-def cap_at(max_draft: int | None, max_batch: int | None, batch: int) -> int | None:
+def schedule_cap(schedule: Schedule, batch: int) -> int:
+    """A schedule's draft length in a step of `batch` requests: the first pair
+    whose max_batch is at least `batch`, 0 above the last."""
+    for max_batch, max_draft in schedule:
+        if batch <= max_batch:
+            return max_draft
+    return 0
+
+
+def cap_at(max_draft: int | None, max_batch: int | None, batch: int, schedule: Schedule | None = None) -> int | None:
     """A request's draft cap in a step of `batch` requests: 0 above its
-    `max_batch`, else its `max_draft` (None = uncapped). Shared by the plugin
-    and the simulator (drafters.sim)."""
+    `max_batch`, else the smaller of its `max_draft` and its schedule's entry
+    for `batch` (None = uncapped). Shared by the plugin and the simulator
+    (drafters.sim)."""
     if max_batch is not None and batch > max_batch:
         return 0
-    return max_draft
+    if schedule is None:
+        return max_draft
+    k = schedule_cap(schedule, batch)
+    return k if max_draft is None else min(k, max_draft)
+
+
+def schedule_problem(schedule: Any) -> str | None:
+    """Why `schedule` (pairs) is not a valid `Schedule`, or None. The one rule
+    set behind the gateway's 400, the engine's lenient parse and the policy model."""
+    if not isinstance(schedule, (list, tuple)) or not schedule:
+        return "must hold at least one (max_batch, max_draft) pair"
+    if len(schedule) > MAX_SCHEDULE_PAIRS:
+        return f"must hold at most {MAX_SCHEDULE_PAIRS} pairs, got {len(schedule)}"
+    previous = 0
+    for i, pair in enumerate(schedule):
+        if not isinstance(pair, (list, tuple)) or len(pair) != 2:
+            return f"entry {i} must be a (max_batch, max_draft) pair, got {pair!r}"
+        max_batch, max_draft = pair
+        for name, value, low, high in (("max_batch", max_batch, 1, MAX_BATCH_LIMIT),
+                                       ("max_draft", max_draft, 0, MAX_DRAFT_LIMIT)):  # fmt: skip
+            if isinstance(value, bool) or not isinstance(value, int):
+                return f"pair {i}: {name} must be an integer, got {value!r}"
+            if not low <= value <= high:
+                return f"pair {i}: {name} must be between {low} and {high}, got {value}"
+        if max_batch <= previous:
+            return f"max_batch must rise strictly from pair to pair; pair {i} has {max_batch} after {previous}"
+        previous = max_batch
+    return None
+
+
+def schedule_pairs(flat: Any) -> list | Any:
+    """The wire form [B1, K1, B2, K2, ...] as pairs (a value that is not an even-length
+    list is returned as it is, for `schedule_problem` to name)."""
+    if isinstance(flat, (list, tuple)) and len(flat) % 2 == 0 and all(not isinstance(v, (list, tuple)) for v in flat):
+        return [(flat[i], flat[i + 1]) for i in range(0, len(flat), 2)]
+    return flat
+
+
+def flat_schedule(schedule: Schedule) -> list[int]:
+    """A schedule in its wire form [B1, K1, B2, K2, ...]."""
+    return [v for pair in schedule for v in pair]
+
+
+def compact_schedule(schedule: Iterable[tuple[int, int]]) -> Schedule:
+    """The same step function with the fewest pairs: neighbours with the same
+    draft length merge (the larger max_batch stays), trailing zeros go (0 is what
+    lies above the last pair anyway), keeping at least one pair."""
+    out: list[tuple[int, int]] = []
+    for max_batch, max_draft in schedule:
+        if out and out[-1][1] == max_draft:
+            out[-1] = (max_batch, max_draft)
+        else:
+            out.append((max_batch, max_draft))
+    while len(out) > 1 and out[-1][1] == 0:
+        out.pop()
+    return tuple(out)
+
+
+def lower_schedule(a: Schedule, b: Schedule) -> Schedule:
+    """The pointwise minimum of two schedules (what a request gets when both
+    apply): defined at every max_batch either names."""
+    bounds = sorted({max_batch for max_batch, _ in a} | {max_batch for max_batch, _ in b})
+    return compact_schedule((bound, min(schedule_cap(a, bound), schedule_cap(b, bound))) for bound in bounds)
+
+
+def schedule_envelope(schedule: Schedule) -> tuple[int, int]:
+    """The one-pair (max_draft, max_batch) that never caps below `schedule`: its
+    largest draft length, up to its last max_batch that drafts. What a replica
+    that knows only max_draft / max_batch is sent in its place."""
+    max_draft = max(k for _, k in schedule)
+    drafting = [b for b, k in schedule if k > 0]
+    return max_draft, (drafting[-1] if drafting else 0)
 
 
 STOCK = RequestKnobs()
@@ -110,6 +204,24 @@ def _parse_min_confidence(value: Any) -> tuple[float | None, str | None]:
     return parsed, None
 
 
+def _parse_schedule(value: Any) -> tuple[Schedule | None, str | None]:
+    """The wire form, with the integer leniency of `_parse_count` (vLLM keeps a list's
+    items as the client sent them: numbers or digit strings)."""
+    if not isinstance(value, (list, tuple)) or len(value) % 2:
+        return None, f"{SCHEDULE_KEY} must be a flat list [max_batch, max_draft, ...] of even length, got {value!r}"
+    counts = []
+    for item in value:
+        parsed, err = _parse_count(SCHEDULE_KEY, item)
+        if err:
+            return None, err
+        counts.append(parsed)
+    pairs = schedule_pairs(counts)
+    problem = schedule_problem(pairs)
+    if problem:
+        return None, f"{SCHEDULE_KEY} {problem}"
+    return tuple(pairs), None
+
+
 def parse_knobs(extra_args: Mapping[str, Any] | None) -> RequestKnobs:
     """Read the specgate keys from a request's extra_args. Never raises."""
     if not extra_args or not isinstance(extra_args, Mapping):
@@ -117,7 +229,7 @@ def parse_knobs(extra_args: Mapping[str, Any] | None) -> RequestKnobs:
     if not any(key in extra_args for key in KEYS):
         return STOCK
     errors: list[str] = []
-    max_draft = min_confidence = max_batch = None
+    max_draft = min_confidence = max_batch = schedule = None
     if MAX_DRAFT_KEY in extra_args:
         max_draft, err = _parse_count(MAX_DRAFT_KEY, extra_args[MAX_DRAFT_KEY])
         if err:
@@ -130,7 +242,12 @@ def parse_knobs(extra_args: Mapping[str, Any] | None) -> RequestKnobs:
         max_batch, err = _parse_count(MAX_BATCH_KEY, extra_args[MAX_BATCH_KEY])
         if err:
             errors.append(err)
-    return RequestKnobs(max_draft=max_draft, min_confidence=min_confidence, max_batch=max_batch, errors=tuple(errors))
+    if SCHEDULE_KEY in extra_args:
+        schedule, err = _parse_schedule(extra_args[SCHEDULE_KEY])
+        if err:
+            errors.append(err)
+    return RequestKnobs(max_draft=max_draft, min_confidence=min_confidence, max_batch=max_batch, schedule=schedule,
+                        errors=tuple(errors))  # fmt: skip
 
 
 def effective_draft_len(scheduled: int, knobs: RequestKnobs, batch: int = 1) -> int:
@@ -192,6 +309,12 @@ def validate_client_xargs(xargs: Any) -> dict[str, Any] | None:
                 raise KnobError(f"'{param}' must be a number", param)
             if not math.isfinite(value) or not 0.0 <= value <= 1.0:
                 raise KnobError(f"'{param}' must be between 0 and 1", param)
+        elif key == SCHEDULE_KEY:
+            if not isinstance(value, list) or len(value) % 2:
+                raise KnobError(f"'{param}' must be a flat list [max_batch, max_draft, ...] of even length", param)
+            problem = schedule_problem(schedule_pairs(value))
+            if problem:
+                raise KnobError(f"'{param}' {problem}", param)
         else:
             raise KnobError(f"unknown specgate knob '{param}'; known: {', '.join(KEYS)}", param)
     return xargs
@@ -203,7 +326,7 @@ def validate_client_xargs(xargs: Any) -> dict[str, Any] | None:
 class KnobPolicy(Protocol):
     """What the merge needs of a tenant policy (`contract.policy.SpeculationPolicy`)."""
 
-    def vllm_xargs(self) -> dict[str, int | float]: ...
+    def vllm_xargs(self) -> dict[str, int | float | list[int]]: ...
 
 
 def merged_xargs(
@@ -213,12 +336,15 @@ def merged_xargs(
 
     The tenant policy is a *cap*: a client may ask for less speculation than
     its policy allows (smaller `specgate_max_draft`, higher
-    `specgate_min_confidence`, smaller `specgate_max_batch`), never more.
+    `specgate_min_confidence`, smaller `specgate_max_batch`, a schedule lower
+    at some batch sizes: the two schedules' pointwise minimum), never more.
     `replica_knobs` is what the replica advertises in `specgate_ext_info`
-    (`max_draft`, `max_batch`, `min_confidence`); the policy only adds knobs
-    the replica honours, so a replica without adaptive verification is never
-    sent a confidence floor it would ignore, and a replica without the
-    extension gets the client's `vllm_xargs` untouched.
+    (`max_draft`, `max_batch`, `schedule`, `min_confidence`); the policy only
+    adds knobs the replica honours, so a replica without adaptive verification
+    is never sent a confidence floor it would ignore, a replica whose plugin
+    predates schedules gets the policy's `max_draft`/`max_batch`, which
+    `SpeculationPolicy.vllm_xargs` bounds by the schedule's envelope, and a
+    replica without the extension gets the client's `vllm_xargs` untouched.
     """
     if "max_draft" not in replica_knobs:
         return client
@@ -230,6 +356,8 @@ def merged_xargs(
         asked = out.get(key)
         if asked is None:
             out[key] = limit
+        elif key == SCHEDULE_KEY:  # validated: a flat list of pairs on both sides
+            out[key] = flat_schedule(lower_schedule(tuple(schedule_pairs(asked)), tuple(schedule_pairs(limit))))
         elif key in INTEGER_KNOBS:  # a smaller cap / threshold is less speculation
             out[key] = min(int(asked), int(limit))
         else:  # specgate_min_confidence: a higher floor is less speculation

@@ -15,6 +15,7 @@ from typing import Iterable, Literal
 from pydantic import BaseModel, Field, model_validator
 
 from .keys import OVERRIDES_KEY
+from .knobs import compact_schedule
 from .policy import SpeculationPolicy
 from .profiles import parse_profile
 from .store import Store
@@ -110,10 +111,12 @@ def apply_override(
     speculation is off, or an `on` pin while no live replica drafts).
 
     - `off`: speculation off (routed to the off pool when there is one).
-    - `on`: speculation on at any load (no `max_batch` threshold), draft cap
-      and confidence floor clamped into the bounds.
+    - `on`: speculation on at any load (no `max_batch` threshold, no
+      schedule), draft cap and confidence floor clamped into the bounds.
     - `auto` with bounds: the current choice clamped into the bounds; the
-      controller's load threshold stays.
+      controller's load threshold stays, and so do its schedule's zeros (the
+      batch sizes where it stops drafting) while its other draft lengths are
+      clamped like the cap.
 
     The tenant's drafter, canary and capture opt-in are kept from `current`.
     A cap is never above the largest live block. The decision (controller/
@@ -138,12 +141,20 @@ def apply_override(
         k = ov.clamp_cap(k)
         if fleet.max_block is not None:
             k = min(k, fleet.max_block)
+    schedule = None
+    if current.enabled and ov.mode != "on" and current.schedule is not None:
+        def clamp(draft: int) -> int:
+            draft = ov.clamp_cap(draft) if draft else 0
+            return min(draft, fleet.max_block) if fleet.max_block is not None else draft
+
+        schedule = compact_schedule((max_batch, clamp(draft)) for max_batch, draft in current.schedule)
     return SpeculationPolicy(
         enabled=True,
         preferred_profile=current.preferred_profile if current.enabled else None,
         max_draft=k,
         min_confidence=ov.clamp_confidence(current.min_confidence if current.enabled else None),
         max_batch=current.max_batch if current.enabled and ov.mode != "on" else None,
+        schedule=schedule,
         reason=f"admin override: {ov.mode}",
         source="admin",
         **kept,

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
+
+from .knobs import SCHEDULE_KEY, Schedule, flat_schedule, schedule_envelope, schedule_problem
 
 from .keys import POLICIES_CHANNEL, POLICIES_KEY, POLICIES_VERSION_KEY
 from .store import Store
@@ -37,7 +39,8 @@ def served_tenants(settings: Any) -> list[str]:
 
 # The fields that decide what a tenant's requests get (`SpeculationPolicy.behaviour`).
 BEHAVIOUR_FIELDS = (
-    "enabled", "preferred_profile", "max_draft", "min_confidence", "max_batch", "drafter", "canary", "capture",
+    "enabled", "preferred_profile", "max_draft", "min_confidence", "max_batch", "schedule", "drafter", "canary",
+    "capture",
 )
 # What makes a published policy a change: its behaviour, or who set it (an admin pin
 # replacing an identical controller choice must show as `admin`); the reason is bookkeeping.
@@ -95,6 +98,12 @@ class SpeculationPolicy(BaseModel):
         default=None, ge=0,
         description="draft only while the replica's step batch is at most this (the engine applies it every step)",
     )
+    schedule: Schedule | None = Field(
+        default=None,
+        description="batch -> draft length, [[max_batch, max_draft], ...] with max_batch rising: in an engine step "
+                    "of b requests draft at most the max_draft of the first pair with max_batch >= b, none above "
+                    "the last (the engine applies it every step; contract.knobs)",
+    )
     drafter: str | None = Field(
         default=None,
         description="the tenant's own drafter (ReplicaConfig.drafter): prefer the replicas serving it; None = the fleet's drafter",
@@ -104,23 +113,44 @@ class SpeculationPolicy(BaseModel):
     reason: str = ""
     source: str = "default"  # "default" | "config" | "controller" | "admin"
 
+    @field_validator("schedule")
+    @classmethod
+    def _valid_schedule(cls, schedule: Schedule | None) -> Schedule | None:
+        problem = None if schedule is None else schedule_problem(schedule)
+        if problem:
+            raise ValueError(f"schedule {problem}")
+        return schedule
+
     def behaviour(self) -> tuple:
         """What requests actually get; two policies equal here act the same
         (reason and source are bookkeeping)."""
         return tuple(getattr(self, f) for f in BEHAVIOUR_FIELDS)
 
-    def vllm_xargs(self) -> dict[str, int | float]:
-        """The per-request knobs this policy implies for a knob-capable replica."""
-        xargs: dict[str, int | float] = {}
+    def vllm_xargs(self) -> dict[str, int | float | list[int]]:
+        """The per-request knobs this policy implies for a knob-capable replica.
+
+        A schedule goes out with its one-pair envelope folded into max_draft /
+        max_batch: the envelope never caps below the schedule, so a replica that
+        honours schedules drafts exactly by it, and one whose plugin predates them
+        (it is sent only the knobs it advertises) still stops where the schedule
+        stops and never drafts longer than its longest entry."""
+        xargs: dict[str, int | float | list[int]] = {}
         if not self.enabled:
             xargs["specgate_max_draft"] = 0
             return xargs
-        if self.max_draft is not None:
-            xargs["specgate_max_draft"] = int(self.max_draft)
+        max_draft, max_batch = self.max_draft, self.max_batch
+        if self.schedule is not None:
+            env_draft, env_batch = schedule_envelope(self.schedule)
+            max_draft = env_draft if max_draft is None else min(max_draft, env_draft)
+            max_batch = env_batch if max_batch is None else min(max_batch, env_batch)
+        if max_draft is not None:
+            xargs["specgate_max_draft"] = int(max_draft)
         if self.min_confidence is not None:
             xargs["specgate_min_confidence"] = float(self.min_confidence)
-        if self.max_batch is not None:
-            xargs["specgate_max_batch"] = int(self.max_batch)
+        if max_batch is not None:
+            xargs["specgate_max_batch"] = int(max_batch)
+        if self.schedule is not None:
+            xargs[SCHEDULE_KEY] = flat_schedule(self.schedule)
         return xargs
 
 

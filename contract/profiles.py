@@ -141,11 +141,11 @@ class Profile:
     @property
     def knobs(self) -> tuple[str, ...]:
         """The plugin's knobs a replica of this profile honours (what it advertises in
-        ``specgate_ext_info``): ``max_draft,max_batch`` when it speculates, plus
+        ``specgate_ext_info``): ``max_draft,max_batch,schedule`` when it speculates, plus
         ``min_confidence`` under adaptive verification (the only path with confidences)."""
         if not self.supports_knobs:
             return ()
-        return ("max_draft", "max_batch") + (("min_confidence",) if self.adaptive else ())
+        return ("max_draft", "max_batch", "schedule") + (("min_confidence",) if self.adaptive else ())
 
     @property
     def label(self) -> str:

@@ -25,7 +25,8 @@ What it imitates, on purpose (the wire format is vLLM's, built by
   after them -- deterministic like greedy decoding, so a continued stream is
   token for token the uninterrupted one. `/detokenize` decodes ids;
 * `/health`, `/v1/models`, `/metrics` (vLLM gauge names, and optionally the
-  specgate extension's `specgate_ext_info{knobs="max_draft,min_confidence"}`).
+  specgate extension's `specgate_ext_info{knobs="max_draft,min_confidence"}`, or the
+  knobs `FakeBackend(knobs="...")` names).
 
 Test controls (never part of the OpenAI surface): `POST /_fake/control` with
 `{"fail_next": n, "fail_status": 500, "die_after_chunks": k, "error_after_chunks": k, "delay_s": x,
@@ -94,7 +95,7 @@ class FakeBackend:
         model: str = "fake-model",
         tokens: int = 8,
         spec: bool = False,
-        knobs: bool = False,
+        knobs: bool | str = False,
         draft_k: int = 4,
         accepted_per_step: int = 2,
         record: int = 200,
@@ -103,7 +104,7 @@ class FakeBackend:
         self.model = model
         self.tokens = tokens
         self.spec = spec
-        self.knobs = knobs
+        self.knobs = knobs  # True: advertise "max_draft,min_confidence"; a string: advertise those knobs
         self.draft_k = draft_k
         self.accepted_per_step = accepted_per_step
         self.control: dict[str, Any] = {"fail_next": 0, "fail_status": 500, "die_after_chunks": None, "error_after_chunks": None, "delay_s": 0.0, "chunk_delay_s": 0.0, "linger_s": 0.0, "healthy": True, "frozen": False, "stalled": False}
@@ -164,9 +165,13 @@ class FakeBackend:
             lines += [
                 "# HELP specgate_ext_info specgate vLLM extension",
                 "# TYPE specgate_ext_info gauge",
-                'specgate_ext_info{version="fake",knobs="max_draft,min_confidence"} 1.0',
+                f'specgate_ext_info{{version="fake",knobs="{self.advertised_knobs}"}} 1.0',
             ]
         return "\n".join(lines) + "\n"
+
+    @property
+    def advertised_knobs(self) -> str:
+        return self.knobs if isinstance(self.knobs, str) else "max_draft,min_confidence"
 
     async def _completion(self, scope, receive, send, chat: bool) -> None:
         raw = await _body(receive)

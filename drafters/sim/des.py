@@ -243,7 +243,8 @@ class Simulation:
         now = self.now
         er = EngineRequest(str(request.id), request.prompt_tokens, request.output_tokens, request.workload,
                            request.tenant, knobs.max_draft, knobs.min_confidence,
-                           arrival_s=getattr(request, "arrival_s", now), max_batch=knobs.max_batch)
+                           arrival_s=getattr(request, "arrival_s", now), max_batch=knobs.max_batch,
+                           schedule=knobs.schedule)
         self._trace_of[id(er)] = request
         self.engines[replica].add_request(er, now)
         if not self._busy[replica]:

@@ -16,8 +16,9 @@ Per ``step(now)`` (mirrors vLLM V1's scheduler, simplified):
    the KV cache, the newest running request is preempted (recompute).
 2. Speculation for decoding requests: cap k_r = min(profile block size,
    vLLM batch-size->K table entry if configured, request's
-   ``specgate_max_draft`` -- 0 in a step with more requests than its
-   ``specgate_max_batch`` --, remaining tokens - 1).  On adaptive-verification
+   ``specgate_max_draft`` and its ``specgate_schedule`` entry for the step's
+   batch -- 0 in a step with more requests than its ``specgate_max_batch`` --,
+   remaining tokens - 1: ``contract.knobs.cap_at``, as the plugin).  On adaptive-verification
    (``-av``) profiles, confidence-head cumulative confidences are drawn, the
    draft is cut at the first position below the request's
    ``specgate_min_confidence``, and only the global top-B slots are verified;
@@ -173,7 +174,7 @@ class ReplicaEngine:
                 prefill.append((r, chunk))
                 budget -= chunk
             else:
-                cap = cap_at(r.max_draft, r.max_batch, running_now)
+                cap = cap_at(r.max_draft, r.max_batch, running_now, r.schedule)
                 k = k_base if cap is None else min(k_base, cap)
                 k = max(0, min(k, r.max_tokens - r.output - 1, budget - 1))
                 decode.append(r)
@@ -203,9 +204,9 @@ class ReplicaEngine:
         # above its max_batch drafts nothing), then the step drafts no more than
         # the largest cap among the scheduled requests
         # (SchedulerOutput.num_spec_tokens_to_schedule).
-        step_caps = [cap_at(r.max_draft, r.max_batch, n_sched) for r in decode]
+        step_caps = [cap_at(r.max_draft, r.max_batch, n_sched, r.schedule) for r in decode]
         cap_list = [k if c is None else min(k, c) for k, c in zip(cap_list, step_caps)]
-        k_step = step_draft_len(step_caps + [cap_at(r.max_draft, r.max_batch, n_sched) for r, _ in prefill], k_step)
+        k_step = step_draft_len(step_caps + [cap_at(r.max_draft, r.max_batch, n_sched, r.schedule) for r, _ in prefill], k_step)
         block = self.profile.block_size  # the drafter's parallel pass always covers the whole block
 
         # ---------------- speculation (vectorised over decoding requests; see speculation.py)

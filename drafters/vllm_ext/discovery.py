@@ -1,6 +1,6 @@
 """Advertise the extension on the replica's /metrics.
 
-`specgate_ext_info{version="...",knobs="max_draft,max_batch,min_confidence"} 1` tells the
+`specgate_ext_info{version="...",knobs="max_draft,max_batch,schedule,min_confidence"} 1` tells the
 gateway (gateway/vllm_metrics.py) and the controller which replicas honour which
 knobs; the gateway sends a knob only to replicas listing it, and falls back to
 pool routing elsewhere. The gauge lives in the API-server process (the one that
@@ -8,7 +8,7 @@ serves /metrics), so it is set when that process builds its engine client
 (`AsyncLLM.__init__`), which is also when the replica's configuration is known.
 
 Which knobs a replica lists is a PURE function of its speculative config
-(`advertised_knobs`): `max_draft` whenever speculation is on; `min_confidence`
+(`advertised_knobs`): `max_draft`, `max_batch` and `schedule` whenever speculation is on; `min_confidence`
 only for DSpark with adaptive verification (the only vLLM path that computes
 draft confidences). A replica without speculation advertises version with an
 empty knob list: it is plugin-enabled but has nothing to tune.
@@ -43,7 +43,7 @@ def advertised_knobs(method: str | None, adaptive_verification: bool) -> tuple[s
     """PURE: the knobs a replica with this speculative config honours."""
     if not method:
         return ()
-    knobs = ["max_draft", "max_batch"]
+    knobs = ["max_draft", "max_batch", "schedule"]  # all three are cut in the scheduler (scheduler_patch)
     if method == "dspark" and adaptive_verification:
         knobs.append("min_confidence")
     return tuple(knobs)

@@ -49,6 +49,12 @@ Two hooks, both idempotent and both no-ops for requests without the keys:
    that a load step switches drafting off at the very next engine step -- for
    requests already in flight too, which per-request caps chosen at admission
    cannot reach.
+5. `specgate_schedule: [B1, K1, B2, K2, ...]` generalises both: a request's
+   cap in a step of b requests is the K of the first pair with B >= b, 0 above
+   the last (`contract.knobs.schedule_cap`; b counted as for max_batch) --
+   vLLM's `num_speculative_tokens_per_batch_size` lookup, per request instead
+   of per engine, so each tenant drafts by its own schedule in the same step.
+   Beside max_draft / max_batch it is one more cap: the smallest wins.
 Lossless: verification of fewer drafts is still exact rejection sampling, so
 greedy output is unchanged.
 """

@@ -48,3 +48,10 @@ def test_an_on_pin_with_no_drafting_replica_leaves_the_tenant_off():
 def test_fleet_shape_from_profile_labels():
     assert FleetShape.of_profiles(["dspark-b8", "off", None, "dspark-b16-av"]) == FleetShape(off_pool=True, max_block=16)
     assert FleetShape.of_profiles([None]) == FleetShape()
+
+
+def test_bounds_clamp_a_schedule_but_keep_where_it_stops_and_an_on_pin_drops_it():
+    scheduled = DRAFTING.model_copy(update={"schedule": ((4, 8), (16, 3), (64, 0))})
+    bounded = apply_override(scheduled, TenantOverride(max_draft_max=4, max_draft_min=2), FLEET)
+    assert bounded.schedule == ((4, 4), (16, 3))  # 8 clamped to 4; 0 above 16 stays a stop
+    assert apply_override(scheduled, TenantOverride(mode="on"), FLEET).schedule is None

@@ -71,9 +71,9 @@ def test_capabilities_per_method():
     by = {p.label: p for p in all_profiles()}
     # per-request max_draft / max_batch: every speculative method (the plugin cuts in the scheduler)
     assert all(supports_knobs(m) for m in METHODS if m != "off") and not supports_knobs("off")
-    assert by["ngram-k4"].knobs == by["eagle3-k4"].knobs == by["dflash-b8"].knobs == ("max_draft", "max_batch")
-    assert by["dspark-b8"].knobs == ("max_draft", "max_batch")
-    assert by["dspark-b8-av"].knobs == ("max_draft", "max_batch", "min_confidence")
+    assert by["ngram-k4"].knobs == by["eagle3-k4"].knobs == by["dflash-b8"].knobs == ("max_draft", "max_batch", "schedule")
+    assert by["dspark-b8"].knobs == ("max_draft", "max_batch", "schedule")
+    assert by["dspark-b8-av"].knobs == ("max_draft", "max_batch", "schedule", "min_confidence")
     assert OFF.knobs == ()
     # adaptive verification: DSpark only in vLLM 0.32/0.33
     assert ADAPTIVE_METHODS == {"dspark"}

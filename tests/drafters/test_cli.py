@@ -40,7 +40,7 @@ def test_profile_show_ngram_needs_no_drafter():
     data = json.loads(r.output)
     assert data["speculative_config"] == {"method": "ngram", "num_speculative_tokens": 8, "prompt_lookup_max": 3,
                                           "prompt_lookup_min": 2}
-    assert data["method"] == "ngram" and data["model_runner"] == "v1" and data["knobs"] == ["max_draft", "max_batch"]
+    assert data["method"] == "ngram" and data["model_runner"] == "v1" and data["knobs"] == ["max_draft", "max_batch", "schedule"]
     bad = runner.invoke(app, ["profile", "show", "dspark-b8", "--drafter", "d", "--prompt-lookup-max", "3"])
     assert bad.exit_code == 2 and "ngram profiles only" in bad.output
 

@@ -94,3 +94,32 @@ async def test_policy_poll_fallback_without_pubsub(start_backend, start_gateway,
     await wait_version(gw, version)
     await post(gw)
     assert backend_requests(knob)[-1]["body"]["vllm_xargs"] == {"specgate_max_draft": 5}
+
+
+async def test_a_policy_schedule_reaches_replicas_that_honour_it_and_its_envelope_the_rest(
+        start_backend, start_gateway, redis_store):
+    new = await asyncio.to_thread(start_backend, name="new", knobs="max_draft,max_batch,schedule")
+    old = await asyncio.to_thread(start_backend, name="old", knobs="max_draft,max_batch")
+    gw_new = await asyncio.to_thread(start_gateway, [{"url": new.url, "name": "new"}])
+    gw_old = await asyncio.to_thread(start_gateway, [{"url": old.url, "name": "old"}])
+    published = await publish_policies(
+        redis_store, {"alpha": SpeculationPolicy(schedule=((4, 6), (32, 2)), source="controller")})
+    await wait_version(gw_new, published.version)
+    await wait_version(gw_old, published.version)
+
+    assert (await post(gw_new)).status_code == 200
+    assert backend_requests(new)[-1]["body"]["vllm_xargs"] == {
+        "specgate_max_draft": 6, "specgate_max_batch": 32, "specgate_schedule": [4, 6, 32, 2]}
+    # A client's own schedule lowers the policy's pointwise, never raises it.
+    await post(gw_new, vllm_xargs={"specgate_schedule": [2, 8, 16, 1]})
+    assert backend_requests(new)[-1]["body"]["vllm_xargs"]["specgate_schedule"] == [2, 6, 16, 1]
+    # A plugin that predates schedules gets the envelope: it stops where the schedule stops.
+    await post(gw_old)
+    assert backend_requests(old)[-1]["body"]["vllm_xargs"] == {"specgate_max_draft": 6, "specgate_max_batch": 32}
+    # A malformed schedule is a 400 naming the field; no replica sees it.
+    seen = len(backend_requests(new))
+    for bad in ([4, 6, 2, 1], [4], [[4, 6]], [4, 65]):
+        r = await post(gw_new, vllm_xargs={"specgate_schedule": bad})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "vllm_xargs.specgate_schedule", r.text
+        assert "specgate_schedule" in r.json()["error"]["message"]
+    assert len(backend_requests(new)) == seen

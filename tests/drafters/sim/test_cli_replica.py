@@ -35,7 +35,7 @@ def test_sim_replica_command_serves_and_stops():
         r = httpx.post(base + "/v1/completions", json={"prompt": "hi", "max_tokens": 8, "ignore_eos": True}, timeout=10)
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 8
         snap = parse_vllm_metrics(httpx.get(base + "/metrics").text)
-        assert snap.ext_knobs == {"max_draft", "max_batch", "min_confidence"} and snap.generation_tokens == 8
+        assert snap.ext_knobs == {"max_draft", "max_batch", "schedule", "min_confidence"} and snap.generation_tokens == 8
         assert snap.model_names == {"Qwen/Qwen3-14B"}
     finally:
         proc.send_signal(signal.SIGINT)

@@ -153,7 +153,7 @@ def test_snapshot_advertises_the_plugins_knobs():
     assert set(views) == {"off", "dspark-b8", "dspark-b8-av"}
     off, b8, av = (sim.snapshot(n) for n in ("off", "dspark-b8", "dspark-b8-av"))
     assert off.ext_knobs == frozenset() and not off.supports_knobs and off.spec_num_drafts is None
-    assert b8.ext_knobs == frozenset(advertised_knobs("dspark", False)) == {"max_draft", "max_batch"}
+    assert b8.ext_knobs == frozenset(advertised_knobs("dspark", False)) == {"max_draft", "max_batch", "schedule"}
     assert av.ext_knobs == frozenset(advertised_knobs("dspark", True)) and "min_confidence" in av.ext_knobs
     assert b8.spec_num_drafts == 0 and b8.num_requests_running == 0
 

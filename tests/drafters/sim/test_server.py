@@ -128,7 +128,7 @@ async def test_metrics_acceptance_matches_engine(sim_server):
         snap = parse_vllm_metrics(text)
         assert 1 + snap.spec_num_accepted_tokens / snap.spec_num_drafts == pytest.approx(al_prom)
         # a DSpark replica without adaptive verification has no confidences: only the draft cap
-        assert snap.supports_knobs and snap.ext_knobs == {"max_draft", "max_batch"}
+        assert snap.supports_knobs and snap.ext_knobs == {"max_draft", "max_batch", "schedule"}
         assert snap.iteration_tokens_count == sim.engine.counters.steps
         assert snap.generation_tokens == 8 * 50
         assert snap.gpu_util is not None and snap.dram_active is not None
@@ -188,7 +188,7 @@ async def test_confidence_floor_on_adaptive_replica(sim_server):
     async with sim_server(SimReplicaSettings(profile="dspark-b8-av", default_workload="gsm8k")) as (base, sim):
         async with httpx.AsyncClient() as h:
             snap = parse_vllm_metrics((await h.get(base + "/metrics")).text)
-        assert snap.ext_knobs == {"max_draft", "max_batch", "min_confidence"}
+        assert snap.ext_knobs == {"max_draft", "max_batch", "schedule", "min_confidence"}
         client = _client(base)
         per_step = lambda ss: sum(s["num_draft_tokens"] for s in ss) / sum(s["num_spec_steps"] for s in ss)
         stock = await _run(client, None)
@@ -254,7 +254,7 @@ async def test_several_replicas_in_one_event_loop():
                 except httpx.HTTPError:
                     await asyncio.sleep(0.02)
             texts = [(await h.get(f"http://127.0.0.1:{p}/metrics")).text for p in ports]
-        assert parse_vllm_metrics(texts[0]).ext_knobs == {"max_draft", "max_batch"}
+        assert parse_vllm_metrics(texts[0]).ext_knobs == {"max_draft", "max_batch", "schedule"}
         assert parse_vllm_metrics(texts[1]).ext_knobs == frozenset()
     finally:
         task.cancel()

@@ -39,14 +39,14 @@ def _client(server) -> openai.OpenAI:
     return openai.OpenAI(base_url=server.base_url, api_key="unused", timeout=300, max_retries=0)
 
 
-def greedy(server, max_tokens: int, prompt: str = PROMPT, client: openai.OpenAI | None = None) -> tuple[str, dict]:
-    """One greedy completion: its text and its per-request speculation metrics."""
+def greedy(server, max_tokens: int, prompt: str = PROMPT, client: openai.OpenAI | None = None,
+           xargs: dict | None = None) -> tuple[str, dict]:
+    """One greedy completion (with the plugin's knobs `xargs`): its text and its per-request speculation metrics."""
+    extra: dict = {"ignore_eos": True}  # always max_tokens long: it must be seen running beside its neighbours
+    if xargs is not None:
+        extra["vllm_xargs"] = xargs
     resp = (client or _client(server)).completions.create(
-        model=server.model,
-        prompt=prompt,
-        max_tokens=max_tokens,
-        temperature=0,
-        extra_body={"ignore_eos": True},  # always max_tokens long: it must be seen running beside its neighbours
+        model=server.model, prompt=prompt, max_tokens=max_tokens, temperature=0, extra_body=extra
     )
     spec = (resp.model_dump().get("metrics") or {}).get("speculative_decoding")
     assert spec is not None, f"no per-request spec metrics in {resp.model_dump()}"
@@ -131,10 +131,11 @@ def greedy_beside(
     prompt: str = PROMPT,
     timeout_s: float = 300,
     neighbour_tokens: int = NEIGHBOUR_MAX_TOKENS,
+    xargs: dict | None = None,
 ) -> tuple[str, dict, Overlap]:
-    """The greedy request run while sampling neighbours at `temperatures` decode beside it
-    (`neighbour_tokens` long: fewer where a slow engine makes 960 cost minutes; `check()`
-    says whether they still outlived it)."""
+    """The greedy request (with knobs `xargs`) run while sampling neighbours at `temperatures`
+    decode beside it (`neighbour_tokens` long: fewer where a slow engine makes 960 cost
+    minutes; `check()` says whether they still outlived it)."""
     neighbours = [Neighbour(t) for t in temperatures]
     client = _client(server)  # built before the neighbours start: the greedy request leaves at once
     sent, done = threading.Event(), threading.Event()
@@ -149,7 +150,7 @@ def greedy_beside(
         for nb in neighbours:
             assert nb.started.wait(max(0.0, deadline - time.monotonic())), f"neighbour T={nb.temperature} never streamed"
         sent.set()
-        text, spec = greedy(server, max_tokens, prompt, client)
+        text, spec = greedy(server, max_tokens, prompt, client, xargs)
     finally:
         done.set()
         for thread in threads:

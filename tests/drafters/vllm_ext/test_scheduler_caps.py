@@ -110,10 +110,12 @@ class Recorder:
         self.verified_draft_tokens = 0  # drafts of steps whose output the scheduler consumed
 
         self.step_k: list[tuple[frozenset[str], int]] = []  # (scheduled request ids, K drafted after the step)
+        self.steps: list[dict[str, int]] = []  # per step: request -> draft slots scheduled
 
     def see(self, so):
         if so.num_scheduled_tokens:
             self.step_k.append((frozenset(so.num_scheduled_tokens), so.num_spec_tokens_to_schedule))
+            self.steps.append({r: len(so.scheduled_spec_decode_tokens.get(r, ())) for r in so.num_scheduled_tokens})
         for req_id, n in so.num_scheduled_tokens.items():
             self.tokens.setdefault(req_id, []).append(n)
             self.drafts.setdefault(req_id, []).append(len(so.scheduled_spec_decode_tokens.get(req_id, ())))
@@ -252,6 +254,44 @@ def test_requests_stop_drafting_while_the_batch_is_above_their_max_batch(async_s
     assert three and all(k == 0 for k in three), rec.step_k
     assert two and max(two) == K, rec.step_k
     assert max(rec.drafts["b0"]) == K  # drafting resumed below the threshold
+    assert rec.stats_draft_tokens == rec.verified_draft_tokens > 0
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+def test_each_request_drafts_by_its_own_schedule_at_every_batch_size(async_scheduling):
+    """Two tenants' schedules in the same steps (`specgate_schedule`): requests
+    finish one after another, so the batch shrinks 4 -> 3 -> 2 -> 1 and each
+    request's draft slots follow its own schedule's entry for the step's batch;
+    the step drafts with the largest of them (0 where no schedule drafts)."""
+    from contract.knobs import schedule_cap
+
+    scheduler = make_scheduler(async_scheduling)
+    wide, narrow = ((1, 4), (2, 3), (3, 1)), ((2, 2),)  # wide: 0 above 3; narrow: 0 above 2
+    flat = {"wide": [1, 4, 2, 3, 3, 1], "narrow": [2, 2]}
+    reqs = [make_request("w_short", {"specgate_schedule": flat["wide"]}, max_tokens=8),
+            make_request("n_short", {"specgate_schedule": flat["narrow"]}, max_tokens=16),
+            make_request("w_long", {"specgate_schedule": flat["wide"]}, max_tokens=56),
+            make_request("n_long", {"specgate_schedule": flat["narrow"]}, max_tokens=28)]  # fmt: skip
+    rec = run(scheduler, reqs, async_scheduling=async_scheduling)
+    schedule_of = {"w": wide, "n": narrow}
+    seen_caps: dict[tuple[str, int], set[int]] = {}
+    for step, (ids, k) in zip(rec.steps, rec.step_k, strict=True):
+        batch = len(step)
+        caps = {r: schedule_cap(schedule_of[r[0]], batch) for r in step}
+        for r, drafts in step.items():
+            assert drafts <= caps[r], (batch, step)
+            seen_caps.setdefault((r[0], batch), set()).add(drafts)
+        assert k == min(K, max(caps.values())), (batch, step, k)
+    # Every batch size occurred, and at each one a request drafted its schedule's full entry
+    # (some steps draft less: a fresh request's first decode step, the last tokens).
+    for tenant, schedule in schedule_of.items():
+        for batch in (1, 2, 3, 4):
+            drafted = seen_caps.get((tenant, batch))
+            if drafted is None:
+                continue
+            assert max(drafted) == min(K, schedule_cap(schedule, batch)), (tenant, batch, drafted)
+    assert {len(step) for step in rec.steps} >= {1, 2, 3, 4}
+    assert any(len(step) == 1 and step.get("w_long") == 4 for step in rec.steps)
     assert rec.stats_draft_tokens == rec.verified_draft_tokens > 0
 
 

@@ -34,10 +34,10 @@ def test_version_guard(dist, version, ok):
     ("method", "av", "knobs"),
     [
         (None, False, ()),
-        ("ngram", False, ("max_draft", "max_batch")),
-        ("dflash", False, ("max_draft", "max_batch")),
-        ("dspark", False, ("max_draft", "max_batch")),  # no confidences without adaptive verification
-        ("dspark", True, ("max_draft", "max_batch", "min_confidence")),
+        ("ngram", False, ("max_draft", "max_batch", "schedule")),
+        ("dflash", False, ("max_draft", "max_batch", "schedule")),
+        ("dspark", False, ("max_draft", "max_batch", "schedule")),  # no confidences without adaptive verification
+        ("dspark", True, ("max_draft", "max_batch", "schedule", "min_confidence")),
     ],
 )
 def test_advertised_knobs(method, av, knobs):

@@ -124,5 +124,5 @@ def test_replica_advertises_the_knobs(vllm_ngram_server):
 
     snap = parse_vllm_metrics(httpx.get(vllm_ngram_server.url + "/metrics", timeout=10).text)
     assert snap.ext_version is not None
-    assert snap.ext_knobs == {"max_draft", "max_batch"}  # ngram has no confidences
+    assert snap.ext_knobs == {"max_draft", "max_batch", "schedule"}  # ngram has no confidences
     assert snap.supports_knobs

@@ -166,7 +166,7 @@ def test_min_confidence_without_adaptive_verification_is_ignored_with_a_warning(
     assert needle in dspark_server.log_path.read_text(errors="replace")
     # ...and the replica does not advertise the knob, so the gateway never sends it.
     snap = parse_vllm_metrics(httpx.get(dspark_server.url + "/metrics", timeout=10).text)
-    assert snap.ext_knobs == {"max_draft", "max_batch"}
+    assert snap.ext_knobs == {"max_draft", "max_batch", "schedule"}
 
 
 # -- K=0 skips the drafter's query pass (draft_skip.py) ------------------------
