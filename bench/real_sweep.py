@@ -17,6 +17,10 @@ One invocation:
   window, under each policy, restarting only the gateway between policies:
 
   - `controller`: `--embedded-controller` (tick 1 s, no --gpu/--model preset);
+  - `controller-no-schedule` (with `--ablate-schedules`): the same with
+    `controller.decision.schedule_grid: null` -- one cap per tenant and a load
+    threshold, no per-step schedules -- so the schedules' share of the
+    controller's result is measured in the same invocation;
   - `always-on`: controller off, no knobs: stock ngram K=8;
   - `always-off`: controller off, both tenants `speculation: {enabled: false}`,
     i.e. every request capped at `specgate_max_draft=0` (steps run at K=0);
@@ -93,6 +97,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository: 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import real_sweep_report as report  # noqa: E402
+from real_sweep_report import CONTROLLERS, NO_SCHEDULE  # noqa: E402
 from real_sweep_load import run_trace  # noqa: E402
 from real_sweep_stack import (  # noqa: E402
     EXPAND_FIX,
@@ -179,8 +184,9 @@ def build_plan(args: argparse.Namespace, phases: list[Phase], grid_phases: list[
         steps += [Step("grid", f"k-table B<={b}", 0, tuple(grid_phases), b) for b in args.grid]
     only_b = args.grid[0] if len(args.grid) == 1 else None
     reps = range(1, args.reps + 1)
+    controllers = ["controller", NO_SCHEDULE] if args.ablate_schedules else ["controller"]
     if args.k_table_mode == "vllm":
-        others = ["controller", "always-on", "always-off"]
+        others = [*controllers, "always-on", "always-off"]
         steps.append(Step("main", "k-table", 1, tuple(phases), only_b))
         for rep in reps:
             steps += [Step("main", p, rep, tuple(phases)) for p in main_order(rep, others)]
@@ -189,7 +195,7 @@ def build_plan(args: argparse.Namespace, phases: list[Phase], grid_phases: list[
     else:
         for rep in reps:
             steps += [Step("main", p, rep, tuple(phases), only_b if p == "k-table" else None)
-                      for p in main_order(rep, ["controller", "always-on", "always-off", "k-table"])]  # fmt: skip
+                      for p in main_order(rep, [*controllers, "always-on", "always-off", "k-table"])]  # fmt: skip
         steps += alone_steps(args)
     if not args.no_plain:
         heavy = max(phases, key=lambda p: p.concurrency)
@@ -256,7 +262,7 @@ async def warm_up(urls: list[str], rounds: int = 3) -> None:
 
 async def drive(gateway: Gateway, replicas: dict[str, str], step: Step, args: argparse.Namespace, seed: int):
     """The trace, then (controller runs) what the controller recorded, before the gateway stops."""
-    controller = step.policy == "controller"
+    controller = step.policy in CONTROLLERS
     trace = await run_trace(
         gateway.url, replicas, list(step.phases), args.max_tokens, seed, sample_policies_s=args.tick if controller else None,
         tenants=(step.tenant,) if step.tenant else TENANTS,
@@ -371,8 +377,9 @@ def run_plan(plan: list[Step], args: argparse.Namespace, log_dir: Path, out: Pat
             config = gateway_config(
                 pair.urls, replica_profile(args.replica_profile, launch), tenant_speculation(step, args.k_table_mode, table_b),
                 redis.url, redis.prefix(run_name), args.tick,
+                decision={"schedule_grid": None} if step.policy == NO_SCHEDULE else None,
             )  # fmt: skip
-            gateway = Gateway(config, log_dir, run_name, controller=step.policy == "controller", nice=args.nice).start()
+            gateway = Gateway(config, log_dir, run_name, controller=step.policy in CONTROLLERS, nice=args.nice).start()
             set_nice(0, args.nice)  # the load client too, for the trace only: replicas booted later inherit 0
             try:
                 trace, admin = asyncio.run(drive(gateway, replicas, step, args, seed=args.seed + i))
@@ -430,6 +437,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--bind", choices=["cores", "nobind"], default="cores", help="pin replica i to core i (VLLM_CPU_OMP_THREADS_BIND)")
     ap.add_argument("--replica-profile", default="auto", help="profile label of the ngram replicas: auto (ngram-k8 if known), none, or a label")
     ap.add_argument("--tick", type=float, default=1.0, help="controller tick_s")
+    ap.add_argument("--ablate-schedules", action="store_true",
+                    help=f"also run `{NO_SCHEDULE}` (controller.decision.schedule_grid: null, one cap per tenant) "
+                         "interleaved with the others, and report controller / it per phase")
     ap.add_argument("--nice", type=int, default=-5,
                     help="priority of the front ends: the gateway, the load client (during traces) and each vLLM server's "
                          "API-server and engine-core processes; the model workers stay at 0. 0 = all at 0")  # fmt: skip

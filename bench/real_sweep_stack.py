@@ -259,9 +259,11 @@ def gateway_config(
     redis_url: str,
     redis_prefix: str,
     tick_s: float,
+    decision: dict | None = None,
 ) -> dict:
     """The YAML the gateway runs with. `tenant_speculation` is the static policy both
-    tenants get from the config (None: none, i.e. the built-in default or the controller's)."""
+    tenants get from the config (None: none, i.e. the built-in default or the controller's);
+    `decision`: settings of the embedded controller's decision (`controller.decision`)."""
     replicas = []
     for i, url in enumerate(replica_urls):
         entry = {"url": url, "name": f"r{i}"}
@@ -289,7 +291,7 @@ def gateway_config(
             "health_fail_threshold": 5,
             "upstream_pool_size": 512,
         },
-        "controller": {"tick_s": tick_s},
+        "controller": {"tick_s": tick_s, **({"decision": decision} if decision else {})},
     }
 
 

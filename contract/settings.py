@@ -347,6 +347,16 @@ class DecisionSettings(_Strict):
         default=(4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512),
         description="grid of the per-tenant load threshold (specgate_max_batch); null disables it",
     )
+    schedule_grid: tuple[int, ...] | None = Field(
+        default=(1, 2, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512),
+        description="batch sizes of the per-tenant batch -> draft-length schedule (specgate_schedule); "
+        "null: no schedules, one cap per tenant",
+    )
+    schedule_dwell_s: float = Field(
+        default=60.0, ge=0,
+        description="seconds after a tenant's last policy change before a changed schedule replaces the one in "
+        "force (at once when the tenant turns on or off, or an admin pins it)",
+    )
 
 
 class KubernetesActuatorSettings(_Strict):

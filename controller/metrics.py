@@ -9,9 +9,17 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
+from contract.knobs import schedule_envelope
 from contract.policy import SpeculationPolicy
 
 from .decision import Decision
+
+
+def stop_batch(policy: SpeculationPolicy) -> int:
+    """The batch above which a tenant stops drafting (-1 = none): its load threshold,
+    or where its schedule stops (what `vllm_xargs` sends as max_batch)."""
+    stops = [b for b in (policy.max_batch, policy.schedule and schedule_envelope(policy.schedule)[1]) if b is not None]
+    return min(stops) if stops else -1
 
 
 class ControllerMetrics:
@@ -36,8 +44,13 @@ class ControllerMetrics:
             ["tenant"], registry=r,
         )
         self.max_batch = Gauge(
-            "specgate_controller_policy_max_batch", "Batch above which a tenant stops drafting (-1 = none)", ["tenant"],
+            "specgate_controller_policy_max_batch", "Batch above which a tenant stops drafting (-1 = none): its load threshold or where its schedule stops", ["tenant"],
             registry=r,
+        )
+        self.schedule = Gauge(
+            "specgate_controller_policy_schedule",
+            "A tenant's batch -> draft-length schedule: the draft length up to each max_batch (none above the last)",
+            ["tenant", "max_batch"], registry=r,
         )
         self.min_conf = Gauge(
             "specgate_controller_policy_min_confidence", "Confidence floor per tenant", ["tenant"], registry=r
@@ -107,7 +120,7 @@ class ControllerMetrics:
             outcome = "hold" if not rec.changed else ("on" if p.enabled else "off")
             self.decisions.labels(outcome).inc()
         top = set(sorted(traffic, key=lambda t: -traffic[t])[: self.top_n]) | {"*"}
-        for gauge in (self.enabled, self.max_draft, self.max_batch, self.min_conf, self.acceptance):
+        for gauge in (self.enabled, self.max_draft, self.max_batch, self.schedule, self.min_conf, self.acceptance):
             gauge.clear()
         for rec in decision.records:
             if rec.tenant not in top:
@@ -116,7 +129,9 @@ class ControllerMetrics:
             self.enabled.labels(rec.tenant).set(1 if p.enabled else 0)
             self.max_draft.labels(rec.tenant).set(p.max_draft if p.max_draft is not None else -1)
             self.min_conf.labels(rec.tenant).set(p.min_confidence or 0.0)
-            self.max_batch.labels(rec.tenant).set(p.max_batch if p.max_batch is not None else -1)
+            self.max_batch.labels(rec.tenant).set(stop_batch(p))
+            for max_batch, draft in p.schedule or ():
+                self.schedule.labels(rec.tenant, str(max_batch)).set(draft)
             self.acceptance.labels(rec.tenant).set(rec.numbers.get("acceptance") or 0.0)
         for gauge in (self.rho, self.batch, self.al, self.goodput, self.plan, self.plan_gain):
             gauge.clear()

@@ -106,7 +106,10 @@ def render_configuration_doc() -> str:
         "| `tenants[].api_key_sha256` | SHA-256 of the tenant's API key (`specgate hash-key KEY`) |",
         "| `tenants[].requests_per_minute`, `tokens_per_minute` | budgets; 0 = unlimited |",
         "| `tenants[].tpot_target_ms` | time-per-output-token target the controller keeps |",
-        "| `tenants[].speculation` | config default speculation policy; the controller's published policy overrides it |",
+        "| `tenants[].speculation` | config default speculation policy (`enabled`, `preferred_profile`, `max_draft`, "
+        "`min_confidence`, `max_batch`, `schedule`: `[[max_batch, max_draft], ...]` with max_batch rising, the draft "
+        "length per engine-step batch size, e.g. `[[4, 8], [32, 2]]` = up to 8 tokens in steps of at most 4 requests, "
+        "2 up to 32, none above; `drafter`, `capture`); the controller's published policy overrides it |",
         "",
     ]
     return "\n".join(lines)

@@ -16,8 +16,16 @@ _KNOBS = (
     ("max_draft", "max_draft={}", "k<={}"),
     ("min_confidence", "min_conf={:.2f}", "conf>={:.2f}"),
     ("max_batch", "max_batch={}", "B<={}"),
+    ("schedule", "schedule={}", "S={}"),
     ("preferred_profile", "profile={}", "->{}"),
 )
+
+
+def _value(key: str, value: Any) -> Any:
+    """A schedule [[max_batch, max_draft], ...] as "4:16/32:8" (draft 16 up to batch 4, 8 up to 32)."""
+    if key == "schedule":
+        return "/".join(f"{b}:{k}" for b, k in value)
+    return value
 
 
 def speculating(policy: Mapping[str, Any]) -> bool:
@@ -27,10 +35,12 @@ def speculating(policy: Mapping[str, Any]) -> bool:
 
 def policy_knobs(policy: Mapping[str, Any], short: bool = False) -> list[str]:
     """The knobs a speculating policy sets, e.g. ["max_draft=2", "max_batch=4"] or, short,
-    ["k<=2", "B<=4"]; none for a policy that does not speculate."""
+    ["k<=2", "B<=4"] (a schedule: "schedule=4:8/32:2", short "S=4:8/32:2"); none for a
+    policy that does not speculate."""
     if not speculating(policy):
         return []
-    return [(s if short else long).format(policy[key]) for key, long, s in _KNOBS if policy.get(key) not in (None, "")]
+    return [(s if short else long).format(_value(key, policy[key])) for key, long, s in _KNOBS
+            if policy.get(key) not in (None, "")]
 
 
 def policy_label(policy: Mapping[str, Any] | None) -> str:

@@ -16,6 +16,9 @@ same code.
   confirmation, strong signals), and the same for floors and thresholds;
 - `floor`: the confidence floor theta* for the chosen cap, when it pays;
 - `threshold`: the batch above which everyone off would win (max_batch);
+- `schedule`: each drafting tenant's batch -> draft-length schedule, the
+  caps of all tenants extended jointly to other batch sizes (the engine
+  applies it every step);
 - `assembly`: the published policy (routing, admin overrides, the carried
   drafter / canary / capture opt-in), reason, record;
 - `rollout`: the canary rule (promote / roll back / wait), used by
@@ -51,6 +54,7 @@ from .goodput import (
     run_batch,
 )
 from .optimizer import Optimizer, Plan, TenantProposal
+from .schedule import tenant_schedules
 from .threshold import LoadThresholds, spec_max_batch
 from .views import (
     FULL,
@@ -87,23 +91,37 @@ def decide(
     rho = operating_rho(ctx, model, plan.proposal)
     thresholds = LoadThresholds(model, cfg)
 
+    proposals: dict[str, TenantProposal] = {}
+    verdicts: dict[str, hysteresis.Verdict] = {}
+    for t in sorted(ctx.tenants):
+        prev = state.get(t, TenantState())
+        proposals[t] = opt.tenant_proposal(t, plan, prev.k)
+        verdicts[t] = hysteresis.step(prev, proposals[t], cfg, now)
+    # Every tenant's cap at today's batch is known: the schedules extend them jointly to other batches.
+    schedules = tenant_schedules(opt, {t: v.chosen for t, v in verdicts.items()}, cfg)
+    schedules = {t: s for t, s in schedules.items() if not proposals[t].slo_driven}
+
     policies, new_state, records = {}, {}, []
     for t in sorted(ctx.tenants):
         prev, ov, view = state.get(t, TenantState()), overrides.get(t), ctx.tenants[t]
-        proposal = opt.tenant_proposal(t, plan, prev.k)
-        verdict = hysteresis.step(prev, proposal, cfg, now)
+        proposal, verdict = proposals[t], verdicts[t]
         k = verdict.chosen
         choice = {**plan.proposal, t: k}
 
         theta_star, worth = confidence_floor(opt, t, k, plan.proposal, cfg)
         theta, theta_ema = hysteresis.smooth_floor(prev, verdict, worth, cfg, now)
         theta = assembly.clamp_floor(theta, ov, k)
-        max_batch = thresholds.for_choice(choice, ctx.homes[t]) if k > 0 else None
+        schedule = hysteresis.steady_schedule(prev, verdict, schedules.get(t), cfg, now)
+        # A schedule says where the tenant stops drafting itself (its zeros; the policy
+        # sends its envelope as max_batch to plugins without schedules); the load
+        # threshold, priced for today's cap at every batch, would cut it short.
+        max_batch = thresholds.for_choice(choice, ctx.homes[t]) if k > 0 and schedule is None else None
         load = max((run_batch(r) for r in ctx.homes[t]), default=1.0)
-        max_batch = hysteresis.steady_max_batch(prev, verdict, max_batch, load, cfg, now)
+        max_batch = hysteresis.steady_max_batch(prev, verdict, max_batch, load, cfg, now) if schedule is None else None
 
         tenant_rho = {r.name: rho[r.name] for r in ctx.homes[t]}
-        policy = assembly.tenant_policy(ctx, verdict, proposal, ov, theta, max_batch, tenant_rho, view.acceptance)
+        policy = assembly.tenant_policy(ctx, verdict, proposal, ov, theta, max_batch, tenant_rho, view.acceptance,
+                                        schedule)  # fmt: skip
         policy = assembly.carry(policy, carried.get(t), prev.policy)
         changed = hysteresis.policy_changed(prev, policy)
         new_state[t] = hysteresis.remember(prev, verdict, policy, theta, theta_ema, changed, now)
@@ -119,5 +137,5 @@ __all__ = [
     "LoadThresholds", "Optimizer", "Plan", "ReplicaEval", "ReplicaInput", "ReplicaRegime", "TenantProposal",
     "TenantState", "TenantView", "cap_label", "confidence_floor", "decide", "downtime_loss", "effective_cap",
     "fleet_context", "fleet_plan", "marginal_theta", "operating_rho", "regime_label", "replica_load", "run_batch",
-    "restart_targets", "servable_profiles", "spec_max_batch",
+    "restart_targets", "servable_profiles", "spec_max_batch", "tenant_schedules",
 ]

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 
+from contract.knobs import Schedule
 from contract.overrides import FleetShape, TenantOverride, apply_override
 from contract.policy import SpeculationPolicy
 
@@ -27,13 +28,22 @@ from .placement import preferred_profile
 from .views import FULL, Carried, DecisionRecord, TenantView, cap_label
 
 
-def speculation_policy(k: int, theta: float | None, ctx: FleetContext, max_batch: int | None) -> SpeculationPolicy:
-    """The controller's own policy for cap k (0 = off: prefer the off pool if any)."""
+def speculation_policy(
+    k: int, theta: float | None, ctx: FleetContext, max_batch: int | None, schedule: Schedule | None = None
+) -> SpeculationPolicy:
+    """The controller's own policy for cap k (0 = off: prefer the off pool if any).
+
+    With a schedule (schedule.py) the engine drafts by it at every batch, and
+    the cap is its longest draft: k, the cap at today's batch, would cut the
+    longer drafts it allows at smaller batches."""
     if k <= 0:
         return SpeculationPolicy(enabled=False, preferred_profile="off" if ctx.off_pool else None, max_draft=0)
+    max_draft = None if k >= FULL else min(k, ctx.max_block)
+    if schedule is not None:
+        max_draft = max(d for _, d in schedule)
     return SpeculationPolicy(
-        enabled=True, preferred_profile=preferred_profile(k, ctx.live), max_draft=None if k >= FULL else min(k, ctx.max_block),
-        min_confidence=theta, max_batch=max_batch,
+        enabled=True, preferred_profile=preferred_profile(k, ctx.live), max_draft=max_draft,
+        min_confidence=theta, max_batch=max_batch, schedule=schedule,
     )
 
 
@@ -73,10 +83,10 @@ def gain_vs_off(v: Verdict, p: TenantProposal) -> float:
 
 def tenant_policy(
     ctx: FleetContext, v: Verdict, p: TenantProposal, ov: TenantOverride | None, theta: float | None,
-    max_batch: int | None, rho: dict[str, float], acceptance: float,
+    max_batch: int | None, rho: dict[str, float], acceptance: float, schedule: Schedule | None = None,
 ) -> SpeculationPolicy:
     """The policy to publish for one tenant, with its reason and source."""
-    policy = with_override(speculation_policy(v.chosen, theta, ctx, max_batch), ov, ctx)
+    policy = with_override(speculation_policy(v.chosen, theta, ctx, max_batch, schedule), ov, ctx)
     local_rho = max(rho.values(), default=0.0)
     bits = [v.why, f"rho={local_rho:.2f} ({regime_label(local_rho)})", f"a={acceptance:.2f}", f"gain_vs_off={gain_vs_off(v, p):.2f}"]
     if p.slo_note:
@@ -109,5 +119,6 @@ def record(
         "tpot_target_ms": view.tpot_target_ms,
         "pending": [cap_label(v.pending_k), v.pending_count] if v.pending_k is not None else None,
         "max_batch": policy.max_batch,
+        "schedule": [list(pair) for pair in policy.schedule] if policy.schedule is not None else None,
     }
     return DecisionRecord(p.tenant, now, changed, policy, policy.reason, numbers)

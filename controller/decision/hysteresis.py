@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from contract.knobs import Schedule
 from contract.policy import SpeculationPolicy
 
 from .config import DecisionConfig
@@ -185,6 +186,20 @@ def steady_max_batch(
     if above and now - prev.since < cfg.min_dwell_s:
         return prev_mb
     return max_batch
+
+
+def steady_schedule(prev: TenantState, v: Verdict, schedule: Schedule | None, cfg: DecisionConfig, now: float) -> Schedule | None:
+    """The schedule to publish: the new one at once when none was in force or
+    the tenant's cap at today's batch changed (it was off, or an admin moved
+    it); else the one in force until `cfg.schedule_dwell_s` since the tenant's
+    policy last changed. A schedule already covers every load, so what moves
+    it from tick to tick is the noise in its inputs (the fitted step curve,
+    the acceptance estimate, the traffic mix), and the one in force keeps
+    acting every engine step meanwhile."""
+    old = prev.policy.schedule if prev.policy is not None and prev.policy.enabled else None
+    if schedule is None or old is None or v.forced or (v.cur == 0) != (v.chosen == 0) or schedule == old:
+        return schedule
+    return schedule if now - prev.since >= cfg.schedule_dwell_s else old
 
 
 def policy_changed(prev: TenantState, policy: SpeculationPolicy) -> bool:

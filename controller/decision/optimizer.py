@@ -139,13 +139,17 @@ class Optimizer:
         return min(1.0, max(MIN_PRICED_SHARE, priced / total))
 
     # -- the choice -------------------------------------------------------
-    def allowed_caps(self, t: str) -> list[int]:
+    def allowed_caps(self, t: str, base_rho: float | None = None) -> list[int]:
+        """The caps tenant t may take: admin bounds, and the survey rule for long
+        drafts at `base_rho` (default: today's batch on its replicas; a schedule
+        applies the rule per batch size itself and passes 0)."""
         ctx, cfg, ov = self.ctx, self.cfg, self.overrides.get(t)
         options = [0] + ctx.caps
         # Survey rule: long drafts only well below the knee. Keyed on the
         # batch's own rho (B / knee), which the policy does not move, so the
         # gate cannot oscillate with the draft length it gates.
-        base_rho = max((run_batch(r) / ctx.knee[r.name] for r in ctx.homes[t] if ctx.knee.get(r.name)), default=0.0)
+        if base_rho is None:
+            base_rho = max((run_batch(r) / ctx.knee[r.name] for r in ctx.homes[t] if ctx.knee.get(r.name)), default=0.0)
         options = [k for k in options if min(k, ctx.max_block) <= cfg.large_draft or base_rho < cfg.large_draft_rho]
         if ov is not None:
             if ov.mode == "off":

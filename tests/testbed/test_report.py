@@ -11,6 +11,12 @@ def test_short_and_long_name_the_same_knobs_in_the_same_order():
     assert policy_label(policy) == "on k<=2 conf>=0.30 B<=4 ->dspark-b8"
 
 
+def test_a_schedule_reads_as_batch_colon_draft_pairs():
+    policy = {"enabled": True, "max_draft": 8, "schedule": [[4, 8], [32, 2]]}
+    assert policy_knobs(policy) == ["max_draft=8", "schedule=4:8/32:2"]
+    assert policy_label(policy) == "on k<=8 S=4:8/32:2"
+
+
 def test_a_policy_that_does_not_speculate_has_no_knobs():
     assert policy_label({"enabled": False, "max_draft": 4}) == "off"
     assert policy_label({"enabled": True, "max_draft": 0}) == "off"

@@ -11,7 +11,11 @@ conditional per-position acceptance of ~0.5.
 
 from __future__ import annotations
 
+import math
+
 import pytest
+
+from contract.knobs import cap_at
 
 from controller.costs import ReplicaCost
 from controller.decision import DecisionConfig, ReplicaInput, TenantView, decide
@@ -37,20 +41,21 @@ def record(decision, tenant):
     return next(r for r in decision.records if r.tenant == tenant)
 
 
-def drafts(policy) -> bool:
-    return policy.enabled and policy.max_draft != 0 and policy.max_batch != 0
+def drafts(policy, batch: float = 1) -> bool:
+    """Whether the policy lets the engine draft in a step of `batch` requests."""
+    return policy.enabled and cap_at(policy.max_draft, policy.max_batch, math.ceil(batch), policy.schedule) != 0
 
 
 @pytest.mark.parametrize("batch", [1, 2])
 def test_light_load_greedy_speculates_temp1_does_not(batch):
     d = decide_at(batch)
-    assert drafts(d.policies["greedy"]), d.policies["greedy"]
+    assert drafts(d.policies["greedy"], batch), d.policies["greedy"]
     assert record(d, "greedy").numbers["gain_vs_off"] > 1.3
     # Below the knee a verified draft token is free, so temp1 may keep a short
     # cap there -- but only one the model prices as costing it nothing.
     temp1 = d.policies["temp1"]
-    if drafts(temp1):
-        assert temp1.max_draft is not None and temp1.max_draft <= 2, temp1
+    if drafts(temp1, batch):
+        assert cap_at(temp1.max_draft, temp1.max_batch, batch, temp1.schedule) <= 2, temp1
         assert record(d, "temp1").numbers["gain_vs_off"] >= 1.0
 
 
@@ -60,13 +65,13 @@ def test_heavy_load_everyone_off(batch):
     for tenant in ("greedy", "temp1"):
         p = d.policies[tenant]
         # Off outright, or drafting only while the step batch stays below the current load.
-        assert not drafts(p) or (p.max_batch is not None and p.max_batch < batch), (tenant, p)
+        assert not drafts(p, batch), (tenant, p)
 
 
 def test_greedy_turns_off_between_light_and_heavy_and_back():
     """One tenant's verdict moves with load: on at light, off at heavy, on again at light."""
     light = decide_at(1)
     heavy = decide_at(64, state=light.state)
-    assert drafts(light.policies["greedy"])
+    assert drafts(light.policies["greedy"], 1)
     p = heavy.policies["greedy"]
-    assert not drafts(p) or (p.max_batch is not None and p.max_batch < 64)
+    assert not drafts(p, 64)

@@ -6,12 +6,14 @@ tenants are described by their conditional per-position acceptance a.
 
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
 
 from controller.costs import RooflineCost
 from controller.decision import DecisionConfig, GoodputModel, ReplicaInput, TenantState, TenantView, decide
+from contract.knobs import cap_at
 from contract.overrides import TenantOverride
 
 CODE, CHAT, POOR = 0.88, 0.55, 0.15  # conditional acceptance per position
@@ -28,10 +30,14 @@ def fleet(batch, mix, profile="dspark-b16", block=16, adaptive=False):
             replica(batch, mix, profile="off", block=0, name="plain")]
 
 
-def cap(p, block=16):
-    """Effective draft cap of a policy (None = no cap = the replica's block)."""
+def cap(p, batch=None, block=16):
+    """Effective draft cap of a policy (None = no cap = the replica's block) in a step of
+    `batch` requests (its schedule's entry and load threshold; None: the cap alone)."""
     if not p.enabled:
         return 0
+    if batch is not None:
+        k = cap_at(p.max_draft, p.max_batch, math.ceil(batch), p.schedule)
+        return block if k is None else min(k, block)
     return block if p.max_draft is None else p.max_draft
 
 
@@ -59,7 +65,7 @@ def test_regime_table(case):
     for tenant, (enabled, lo, hi) in expect.items():
         p = d.policies[tenant]
         assert enabled is None or p.enabled is enabled, (tenant, p)
-        k = cap(p)
+        k = cap(p, batch)
         assert lo <= k <= hi, (tenant, p, d.records)
         if not p.enabled:
             assert p.preferred_profile == "off"
@@ -73,7 +79,10 @@ def test_regime_table(case):
 
 def test_code_tenant_gets_longer_draft_than_chat_tenant():
     d = decide(fleet(8, {"code": 0.5, "chat": 0.5}), tenants(code=CODE, chat=CHAT), {}, {}, now=0.0)
-    assert cap(d.policies["code"]) > cap(d.policies["chat"])
+    assert cap(d.policies["code"], 8) > cap(d.policies["chat"], 8)
+    # ... at every batch size where either drafts, in the same steps (their schedules).
+    for batch in (1, 4, 8, 16, 24):
+        assert cap(d.policies["code"], batch) >= cap(d.policies["chat"], batch), batch
 
 
 def test_confidence_floor_rises_with_load():
@@ -99,16 +108,18 @@ def test_max_batch_is_where_everyone_off_starts_to_win():
     the caps there, with a threshold of their own), and well below the batch
     at which it turns speculation off; off policies carry none."""
     mix = {"code": 0.5, "chat": 0.5}
-    low = decide([replica(4, mix)], tenants(code=CODE, chat=CHAT), {}, {}, now=0.0)
+    cfg = DecisionConfig(schedule_grid=None)  # with schedules, their zeros say where drafting stops
+    low = decide([replica(4, mix)], tenants(code=CODE, chat=CHAT), {}, {}, now=0.0, cfg=cfg)
     mb = low.policies["code"].max_batch
     assert mb is not None and mb >= 4
-    at = decide([replica(mb, mix)], tenants(code=CODE, chat=CHAT), {}, {}, now=0.0)
+    at = decide([replica(mb, mix)], tenants(code=CODE, chat=CHAT), {}, {}, now=0.0, cfg=cfg)
     assert at.policies["code"].enabled and at.policies["code"].max_batch >= mb
-    high = decide([replica(4 * mb, mix)], tenants(code=CODE, chat=CHAT), {}, {}, now=0.0)
+    high = decide([replica(4 * mb, mix)], tenants(code=CODE, chat=CHAT), {}, {}, now=0.0, cfg=cfg)
     assert all(not p.enabled and p.max_batch is None for t, p in high.policies.items()), high.policies
     assert decide([replica(4, mix)], tenants(code=CODE, chat=CHAT), {}, {}, now=0.0,
-                  cfg=DecisionConfig(max_batch_grid=None)).policies["code"].max_batch is None
-    pinned = decide([replica(4, mix)], tenants(code=CODE, chat=CHAT), {}, {"code": TenantOverride(mode="on")}, now=0.0)
+                  cfg=DecisionConfig(max_batch_grid=None, schedule_grid=None)).policies["code"].max_batch is None
+    pinned = decide([replica(4, mix)], tenants(code=CODE, chat=CHAT), {}, {"code": TenantOverride(mode="on")}, now=0.0,
+                    cfg=cfg)
     assert pinned.policies["code"].max_batch is None  # pinned on = on at any load
 
 
@@ -204,7 +215,9 @@ def _run(batches, cfg, acc=CHAT, dt=1.0):
 
 
 def test_weak_change_needs_confirmation_and_dwell():
-    cfg = DecisionConfig(confirm_ticks=3, min_dwell_s=5.0, strong_margin=10.0)  # nothing counts as strong
+    """The cap's own hysteresis, without schedules (with them the engine meets the
+    load at once: test_a_schedule_meets_a_load_step_without_a_policy_change)."""
+    cfg = DecisionConfig(confirm_ticks=3, min_dwell_s=5.0, strong_margin=10.0, schedule_grid=None)  # nothing strong
     batches = [2] * 3 + [16] * 10
     policies, _ = _run(batches, cfg)
     before = cap(policies[2])
@@ -242,7 +255,8 @@ def test_flaps_without_hysteresis_for_contrast():
     """The same noise with hysteresis disabled does change often (the test can fail)."""
     rng = random.Random(7)
     cfg = DecisionConfig(min_dwell_s=0.0, confirm_ticks=1, on_margin=0.0, off_margin=0.0, retune_margin=0.0,
-                         thin_extra_margin=0.0, theta_min_change=0.0, smoothing=1.0, strong_ticks=1)
+                         thin_extra_margin=0.0, theta_min_change=0.0, smoothing=1.0, strong_ticks=1,
+                         schedule_grid=None)  # a schedule covers the jitter: the policy would not move
     batches = [max(1, round(12 * (1 + rng.uniform(-0.35, 0.35)))) for _ in range(300)]
     _, changes = _run(batches, cfg)
     assert changes > 10
@@ -303,3 +317,52 @@ def test_a_tenant_parked_on_the_off_pool_comes_back_when_the_load_drops():
     heavy_part = chat_on[15:45]
     assert not heavy_part[-1] and sum(a != b for a, b in zip(heavy_part, heavy_part[1:])) <= 1  # off once, stays off
     assert chat_on[-1] and chat_on.index(True, 45) <= 45 + 5
+
+
+def test_a_schedule_meets_a_load_step_without_a_policy_change():
+    """Load 2 -> 16 (as above): the schedule published at load 2 already holds the
+    draft length for 16, which the engine applies at the next step, and the policy
+    does not change for the load step (the cap at today's batch moves with the
+    hysteresis, but the schedule covers both loads)."""
+    cfg = DecisionConfig(confirm_ticks=3, min_dwell_s=5.0, strong_margin=10.0)
+    batches = [2] * 3 + [16] * 10
+    policies, changes = _run(batches, cfg)
+    first = policies[2]
+    assert first.schedule is not None and cap(first, 2) > cap(first, 16) > 0
+    # Where the cap's hysteresis ends up at load 16 is what the schedule drafted there from the start.
+    assert cap(policies[-1], 16) == cap(first, 16)
+    assert all(p.schedule == first.schedule for p in policies[3:])
+    assert changes == 0
+
+
+def test_schedules_are_monotone_per_tenant_and_absent_where_no_drafting_pays():
+    d = decide(fleet(4, {"code": 0.5, "chat": 0.5}), tenants(code=CODE, chat=CHAT), {}, {}, now=0.0)
+    for t in ("code", "chat"):
+        schedule = d.policies[t].schedule
+        assert schedule is not None, t
+        drafts = [k for _, k in schedule]
+        assert drafts == sorted(drafts, reverse=True) and [b for b, _ in schedule] == sorted(b for b, _ in schedule)
+        rec = next(r for r in d.records if r.tenant == t)
+        assert rec.numbers["schedule"] == [list(p) for p in schedule]
+        assert d.policies[t].max_batch is None  # where it stops drafting is the schedule's business
+    poor = decide(fleet(1, {"poor": 1.0}), tenants(poor=POOR), {}, {}, now=0.0).policies["poor"]
+    assert not poor.enabled and poor.schedule is None
+    # No schedule without a grid, or on a replica without the plugin's knobs.
+    assert decide(fleet(4, {"code": 1.0}), tenants(code=CODE), {}, {}, now=0.0,
+                  cfg=DecisionConfig(schedule_grid=None)).policies["code"].schedule is None
+    plain = [replica(4, {"code": 1.0}, knobs=False)]
+    assert decide(plain, tenants(code=CODE), {}, {}, now=0.0).policies["code"].schedule is None
+
+
+def test_a_changed_schedule_waits_for_its_dwell_unless_the_tenant_turns_on_or_off():
+    cfg = DecisionConfig(schedule_dwell_s=60.0)
+    reps = fleet(4, {"code": 1.0})
+    first = decide(reps, tenants(code=CODE), {}, {}, now=0.0, cfg=cfg)
+    # The acceptance estimate moves (slow input): the schedule the model now wants differs.
+    later = [TenantView("code", 0.7, 10_000)]
+    early = decide(reps, later, first.state, {}, now=10.0, cfg=cfg)
+    wanted = decide(reps, later, {}, {}, now=0.0, cfg=cfg).policies["code"].schedule
+    assert wanted != first.policies["code"].schedule
+    assert early.policies["code"].schedule == first.policies["code"].schedule  # inside the dwell
+    late = decide(reps, later, first.state, {}, now=61.0, cfg=cfg)
+    assert late.policies["code"].schedule == wanted

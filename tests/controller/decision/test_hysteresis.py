@@ -144,3 +144,20 @@ def test_remember_restarts_dwell_on_change_only():
     assert moved.since == 50.0 and moved.provisional  # thin evidence: not protected by dwell
     off = h.Verdict(8, 0, "", False, 0.0, {}, 0.0, False, None, 0, None, 0, {})
     assert h.remember(prev, off, SpeculationPolicy(enabled=False), None, 0.3, True, now=50.0).theta_ema is None
+
+
+def test_a_changed_schedule_waits_for_its_dwell_unless_drafting_turns_on_or_off():
+    cfg = DecisionConfig(schedule_dwell_s=60.0)
+    old, new = ((4, 8), (32, 2)), ((8, 8), (32, 2))
+    prev = TenantState(k=8, since=100.0, policy=SpeculationPolicy(max_draft=8, schedule=old))
+    same = h.Verdict(8, 8, "", False, 0.0, {}, 0.0, False, None, 0, None, 0, {})
+    assert h.steady_schedule(prev, same, new, cfg, now=130.0) == old  # inside the dwell: the one in force acts
+    assert h.steady_schedule(prev, same, new, cfg, now=160.0) == new
+    assert h.steady_schedule(prev, same, None, cfg, now=130.0) is None  # none wanted (an SLO's cap, no grid)
+    retuned = h.Verdict(8, 4, "", False, 0.0, {}, 0.0, False, None, 0, None, 0, {})
+    assert h.steady_schedule(prev, retuned, new, cfg, now=130.0) == old  # a retune at today's batch is not news
+    forced = h.Verdict(8, 4, "", True, 0.0, {}, 0.0, False, None, 0, None, 0, {})
+    assert h.steady_schedule(prev, forced, new, cfg, now=130.0) == new
+    was_off = TenantState(k=0, since=100.0, policy=SpeculationPolicy(enabled=False, max_draft=0))
+    on = h.Verdict(0, 8, "", False, 0.0, {}, 0.0, False, None, 0, None, 0, {})
+    assert h.steady_schedule(was_off, on, new, cfg, now=101.0) == new
