@@ -48,6 +48,7 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
+from .knobs import schedule_problem
 from .policy import SpeculationPolicy
 from .capture import CaptureTarget
 from .profiles import DRAFTER_METHODS, LABEL_PATTERNS, parse_profile
@@ -357,6 +358,18 @@ class DecisionSettings(_Strict):
         description="seconds after a tenant's last policy change before a changed schedule replaces the one in "
         "force (at once when the tenant turns on or off, or an admin pins it)",
     )
+
+    @field_validator("schedule_grid")
+    @classmethod
+    def _grid_fits_a_schedule(cls, grid: tuple[int, ...] | None) -> tuple[int, ...] | None:
+        """Every published schedule must pass the knobs' own rules (contract.knobs), or
+        every tick's policy would fail to validate."""
+        if grid is None:
+            return None
+        problem = schedule_problem([(b, 0) for b in sorted(set(grid))])
+        if problem:
+            raise ValueError(f"schedule_grid: {problem.replace('pairs', 'entries').replace('pair', 'entry')}")
+        return grid
 
 
 class KubernetesActuatorSettings(_Strict):

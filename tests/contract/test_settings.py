@@ -168,3 +168,9 @@ def test_an_unquoted_yaml_boolean_in_a_text_setting_gets_a_hint(tmp_path):
     with pytest.raises(ConfigError) as err:
         load_settings(p)
     assert "YAML reads" not in str(err.value)
+
+
+@pytest.mark.parametrize("grid", [(0, 4), (1, 1 << 17), tuple(range(1, 70))])
+def test_a_schedule_grid_that_no_schedule_could_use_is_refused_at_start(grid):
+    with pytest.raises(ValueError, match="schedule_grid"):
+        Settings.model_validate({"controller": {"decision": {"schedule_grid": grid}}})
