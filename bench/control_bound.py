@@ -5,11 +5,14 @@ Why a bound and not another "oracle": the best static profile per phase
 caps, per-replica profiles, tenants kept apart -- so beating it says little.
 This is the best *anything* the controller could choose, priced with the
 simulator's own truth (drafters.costmodel + drafters.acceptance, the presets
-the simulated requests draw from), with perfect knowledge and free
+the simulated requests draw from; for ngram profiles
+drafters.sim.ngram_acceptance and the engine core's host time, which vLLM
+does not overlap with the GPU step there), with perfect knowledge and free
 switching:
 
-* every launch profile the simulator serves (off, dspark-b{4,8,16}, each
-  with and without adaptive verification), per replica;
+* every launch profile of the benchmark's fleet (off, dspark-b{4,8,16}, each
+  with and without adaptive verification; or off, ngram-k{2,4,8}), per
+  replica;
 * every per-tenant draft cap (0, 2, 4, 8, 16 up to the block);
 * the tenants either sharing both replicas (each replica running the phase's
   mix) or, with two tenants, one replica each (its closed-loop clients
@@ -37,6 +40,7 @@ from contract.profiles import parse_profile
 from drafters import acceptance as acc
 from drafters import costmodel as cm
 from drafters.sim import TenantSpec
+from drafters.sim import ngram_acceptance as ngram
 
 CAPS = (0, 2, 4, 8, 16)
 
@@ -65,11 +69,14 @@ def _caps(profile: str) -> list[int]:
 
 @lru_cache(maxsize=65536)
 def _tenant_tau(workload: str, cap: int, adaptive: bool, batch: float, draft_s: float, gpu: str, model: str,
-                context: float) -> tuple[float, float]:
+                context: float, method: str = "dspark", block: int = 0) -> tuple[float, float]:
     """(tokens emitted, draft tokens verified) per request-step."""
-    preset = acc.get_preset(workload, "dspark")
     if cap <= 0:
         return 1.0, 0.0
+    if method == "ngram":  # the proposer is asked for the profile's K, the cap truncates
+        preset = ngram.get_preset(workload)
+        return ngram.expected_tokens_per_step(preset, block, cap), ngram.expected_draft_tokens(preset, block, cap)
+    preset = acc.get_preset(workload, "dspark")
     if adaptive:
         g, m = cm.get_gpu(gpu), cm.get_model(model)
         b = max(int(round(batch)), 1)
@@ -88,13 +95,16 @@ def replica_rate(profile: str, mix: dict[str, float], caps: dict[str, int], tena
     context = sum(w * (tenants[t].prompt_mean + tenants[t].output_mean / 2) for t, w in mix.items())
     eff = {t: min(caps.get(t, 0), prof.block_size) for t in mix}
     drafting = prof.block_size > 0 and any(k > 0 for k in eff.values())
-    draft_s = cm.drafter_time_s(g, m, b, prof.block_size, context) if drafting else 0.0
-    tokens = verify = prefill = 0.0
+    ngram_replica = prof.method == "ngram"  # no drafter pass on the GPU: a CPU search (host time below)
+    draft_s = cm.drafter_time_s(g, m, b, prof.block_size, context) if drafting and not ngram_replica else 0.0
+    tokens = verify = prefill = verifying = 0.0
     for t, w in mix.items():
         tau, verified = _tenant_tau(tenants[t].workload, eff[t], prof.adaptive, float(b), round(draft_s, 6), gpu,
-                                    model, round(context))
+                                    model, round(context), prof.method, prof.block_size)
         tokens += w * tau
         verify += w * (1.0 + verified)
+        if eff[t] > 0:  # the share of its request-steps that carry drafts
+            verifying += w * (ngram.get_preset(tenants[t].workload).propose_rate if ngram_replica else 1.0)
         prefill += w * tau * tenants[t].prompt_mean / max(tenants[t].output_mean, 1.0)
     # Prefill arrives as whole prompts (the simulator prefills one in a step
     # when the token budget allows), not as a trickle: a share q of the steps
@@ -105,8 +115,12 @@ def replica_rate(profile: str, mix: dict[str, float], caps: dict[str, int], tena
     chunk = max(1.0, sum(w * tenants[t].prompt_mean for t, w in mix.items()))
     q = min(1.0, b * prefill / chunk)
     burst = b * prefill / q if q > 0 else 0.0  # a chunk; more once every step carries prefill (q = 1)
-    step = (q * cm.step_time_s(g, m, int(round(n + burst)), b, context)
-            + (1.0 - q) * cm.step_time_s(g, m, int(round(n)), b, context) + draft_s)
+    device = (q * cm.step_time_s(g, m, int(round(n + burst)), b, context)
+              + (1.0 - q) * cm.step_time_s(g, m, int(round(n)), b, context) + draft_s)
+    host = cm.host_time_s(b, int(round(b * verifying)))
+    if drafting and ngram_replica:
+        host += cm.ngram_propose_time_s(b, b * context)
+    step = cm.step_wall_time_s(device, host, prof.method)
     # Below one request per replica the replica idles part of the time (c=1 on
     # two replicas: each busy half of it).
     return b * tokens / step * min(1.0, batch)

@@ -24,6 +24,16 @@ One run compares, on simulated H200 + Qwen3-8B replicas (drafters.sim):
   population and (b) a multi-tenant closed-loop trace whose concurrency and
   tenant mix change every phase.
 
+`--fleet ngram` runs the same benchmark on replicas with vLLM's ngram prompt
+lookup instead of DSpark (`FLEETS`): statics `off` and `ngram-k{2,4,8}`, the
+K tables on `ngram-k8`, the controller's fleet starting as `ngram-k8` (no
+fleet-wide drafter checkpoint: ngram needs none, and an `off` replica stays
+drafter-less), priced by the simulator's ngram truth
+(`drafters.sim.ngram_acceptance`: proposals in some steps, copies accepted
+whole or left early, the proposer's CPU time in every step) -- assumptions
+the controller's model does not share. The `--sensitivity` perturbations
+describe a DSpark drafter and are refused there.
+
 specgate here is the shipped code, driven by the simulator's public
 interface (`Simulation.snapshot` / `replica_views` / `submit` /
 `restart_replica`): the controller's `controller.core.ControlCore` (signals ->
@@ -49,6 +59,7 @@ then the target ratios. Usage:
     .venv/bin/python bench/control_sweep.py            # full run (--jobs parallel processes)
     .venv/bin/python bench/control_sweep.py --quick    # shorter phases / fewer points and K-table candidates
     .venv/bin/python bench/control_sweep.py --trace-only --sensitivity   # the trace, then under each perturbation
+    .venv/bin/python bench/control_sweep.py --quick --fleet ngram        # the same on ngram (prompt-lookup) replicas
 """
 
 from __future__ import annotations
@@ -93,10 +104,31 @@ from testbed.phases import Phase  # noqa: E402
 from testbed.stats import percentile  # noqa: E402
 
 GPU, MODEL = "h200", "qwen3-8b"
-STATICS = ["off", "dspark-b4", "dspark-b4-av", "dspark-b8", "dspark-b8-av", "dspark-b16", "dspark-b16-av"]
 KTABLE_PREFIX = "k-table"
 REPLICAS = 2  # every policy gets the same two simulated H200s
-CTRL_START = "dspark-b8-av"  # launch profile the controller's fleet starts from
+
+
+@dataclass(frozen=True)
+class Fleet:
+    """What one kind of replica fleet compares: its static profiles, the profile vLLM's K tables
+    run on, the controller fleet's launch profile, and the fleet-wide drafter checkpoint the
+    controller is told about (`controller.decision.drafter`; None: none)."""
+
+    name: str
+    statics: tuple[str, ...]
+    k_table_profile: str
+    controller_start: str
+    drafter: dict | None
+
+
+FLEETS: dict[str, Fleet] = {
+    # The simulated DSpark replicas load a drafter for every block size a profile names.
+    "dspark": Fleet("dspark", ("off", "dspark-b4", "dspark-b4-av", "dspark-b8", "dspark-b8-av", "dspark-b16",
+                               "dspark-b16-av"), "dspark-b8", "dspark-b8-av",
+                    {"method": "dspark", "speculative_tokens": max(BLOCK_SIZES)}),
+    # ngram needs no checkpoint: the controller may re-size an ngram replica, never draft on an off one.
+    "ngram": Fleet("ngram", ("off", "ngram-k2", "ngram-k4", "ngram-k8"), "ngram-k8", "ngram-k8", None),
+}
 RESTART_S = 30.0  # simulated replica restart (drain done) to ready: vLLM start-up incl. CUDA-graph capture
 CONTROLLERS = ("controller", "controller(knobs-only)")
 
@@ -106,7 +138,8 @@ CONTROLLERS = ("controller", "controller(knobs-only)")
 
 
 def k_table_candidates(quick: bool = False) -> dict[str, tuple[tuple[int, int, int], ...]]:
-    """vLLM `num_speculative_tokens_per_batch_size` tables on dspark-b8, keyed by their policy name.
+    """vLLM `num_speculative_tokens_per_batch_size` tables on a K=8 profile (the fleet's
+    `k_table_profile`: dspark-b8 or ngram-k8), keyed by their policy name.
 
     Two families an operator would search: the documented shape (full K, then
     ~2/3 K, ~1/3 K, then 0) with its three breakpoints (32/64/128 requests in
@@ -343,7 +376,8 @@ class Result:
         return self.slo_ok / self.slo_n if self.slo_n else float("nan")
 
 
-def fleet_for(policy: str, settings: Settings, truth: dict | None = None) -> tuple[list[EngineConfig], BasePolicy]:
+def fleet_for(policy: str, settings: Settings, truth: dict | None = None,
+              kind: Fleet = FLEETS["dspark"]) -> tuple[list[EngineConfig], BasePolicy]:
     truth = truth or {}
 
     def fleet(profile: str, **kw) -> list[EngineConfig]:
@@ -351,15 +385,16 @@ def fleet_for(policy: str, settings: Settings, truth: dict | None = None) -> tup
                 for i in range(REPLICAS)]
 
     if policy in CONTROLLERS:
-        return fleet(CTRL_START), ControllerPolicy(settings, TPOT_TARGET_MS, actuate=(policy == "controller"))
+        return fleet(kind.controller_start), ControllerPolicy(settings, TPOT_TARGET_MS, actuate=(policy == "controller"))
     if is_k_table(policy):
-        return fleet("dspark-b8", spec_k_table=k_table_candidates()[policy]), BasePolicy()
+        return fleet(kind.k_table_profile, spec_k_table=k_table_candidates()[policy]), BasePolicy()
     return fleet(policy), BasePolicy()
 
 
 def run_one(policy: str, source, until_s: float, warmup_s: float, seed: int, settings: Settings,
-            phase_bounds: list[float] | None = None, truth: dict | None = None) -> Result:
-    cfgs, pol = fleet_for(policy, settings, truth)
+            phase_bounds: list[float] | None = None, truth: dict | None = None,
+            kind: Fleet = FLEETS["dspark"]) -> Result:
+    cfgs, pol = fleet_for(policy, settings, truth, kind)
     sim = Simulation(cfgs, source, pol, tick_s=settings.controller.tick_s, seed=seed)
     try:
         rep = sim.run(until_s, warmup_s)
@@ -384,16 +419,17 @@ def run_one(policy: str, source, until_s: float, warmup_s: float, seed: int, set
     return res
 
 
-def _sweep_job(job: tuple[str, int, float, float, int, Settings]) -> Result:
-    policy, c, warm, measure_s, seed, settings = job
+def _sweep_job(job: tuple[str, int, float, float, int, Settings, Fleet]) -> Result:
+    policy, c, warm, measure_s, seed, settings, kind = job
     src = ClosedLoopSource(c, [TENANTS[t] for t in SWEEP_MIX], seed=seed)
-    return run_one(policy, src, warm + measure_s, warm, seed, settings)
+    return run_one(policy, src, warm + measure_s, warm, seed, settings, kind=kind)
 
 
-def _trace_job(job: tuple[str, list, int, Settings, dict]) -> Result:
-    policy, phases, seed, settings, truth = job
+def _trace_job(job: tuple[str, list, int, Settings, dict, Fleet]) -> Result:
+    policy, phases, seed, settings, truth, kind = job
     bounds = list(np.cumsum([p.duration_s for p in phases]))
-    return run_one(policy, PhasedClosedLoop(phases, TENANTS, seed=seed), bounds[-1], 0.0, seed, settings, bounds, truth)
+    return run_one(policy, PhasedClosedLoop(phases, TENANTS, seed=seed), bounds[-1], 0.0, seed, settings, bounds, truth,
+                   kind)
 
 
 def best_k_table(rows: list[Result]) -> Result:
@@ -411,10 +447,10 @@ def best_static_per_phase(statics: list[Result], n_phases: int, total: float) ->
     return res, picks
 
 
-def bench_settings(config: str | None, assignments: list[str]) -> Settings:
+def bench_settings(config: str | None, assignments: list[str], kind: Fleet = FLEETS["dspark"]) -> Settings:
     """specgate's settings tree for the controller under test: `--config` YAML and
     SPECGATE_* variables as in production, plus `--set dotted.key=value` (highest);
-    `controller.decision.drafter` defaults to what the simulated fleet loads."""
+    `controller.decision.drafter` defaults to what the simulated fleet loads (`Fleet.drafter`)."""
     overrides: dict = {}
     for item in assignments:
         key, sep, raw = item.partition("=")
@@ -426,14 +462,13 @@ def bench_settings(config: str | None, assignments: list[str]) -> Settings:
             node = node.setdefault(part, {})
         node[leaf] = yaml.safe_load(raw)
     settings = load_settings(config, **overrides)
-    if settings.controller.decision.drafter.method is None:
-        # The simulated replicas load a DSpark drafter for every block size a
+    if settings.controller.decision.drafter.method is None and kind.drafter is not None:
+        # The simulated DSpark replicas load a drafter for every block size a
         # profile names (drafters.sim), so the operator of this fleet tells the
         # controller so, as `controller.decision.drafter` asks of a real one;
         # without it the fleet plan keeps each replica within its own block.
-        drafter = {"method": "dspark", "speculative_tokens": max(BLOCK_SIZES)}
         decision = overrides.setdefault("controller", {}).setdefault("decision", {})
-        decision["drafter"] = drafter
+        decision["drafter"] = dict(kind.drafter)
         settings = load_settings(config, **overrides)
     return settings
 
@@ -446,10 +481,10 @@ def run_jobs(fn, jobs: list, workers: int) -> list[Result]:
         return list(pool.map(fn, jobs))
 
 
-def table(title: str, rows: list[Result], ref: float | None = None) -> None:
+def table(title: str, rows: list[Result], ref: float) -> None:
     print(f"\n{title}")
     print(f"  {'policy':<30} {'tok/s':>9} {'vs best':>8} {'TPOT p50':>9} {'TPOT p99':>9} {'SLO':>6} {'changes':>8}")
-    best = ref or max(r.throughput for r in rows if r.policy in STATICS)
+    best = ref
     for r in rows:
         extra = f"  restarts: {[(round(t), n, p) for t, n, p in r.restarts]}" if r.restarts else ""
         print(f"  {r.policy:<30} {r.throughput:9.0f} {r.throughput / best:8.3f} {r.pct(50):9.2f} {r.pct(99):9.2f} "
@@ -470,17 +505,19 @@ def run_sweep(args, settings: Settings, policies: list[str], concurrencies: list
     print(f"\n(a) concurrency sweep, closed loop, tenants code:chat = 1:1, {measure_s:.0f} s measured per point "
           f"after {warm:.0f} s warm-up (all policies; the controller's restarts settle)")
     sweep_ok = True
+    kind = FLEETS[args.fleet]
     # Biggest simulations first, so that the pool's last jobs are short ones.
-    jobs = [(p, c, warm, measure_s, args.seed, settings) for c in sorted(concurrencies, reverse=True) for p in policies]
+    jobs = [(p, c, warm, measure_s, args.seed, settings, kind) for c in sorted(concurrencies, reverse=True)
+            for p in policies]
     done = {(j[0], j[1]): r for j, r in zip(jobs, run_jobs(_sweep_job, jobs, args.jobs))}
     for c in concurrencies:
         rows = [done[(p, c)] for p in policies]
-        statics = [r for r in rows if r.policy in STATICS]
+        statics = [r for r in rows if r.policy in kind.statics]
         best = max(statics, key=lambda r: r.throughput)
         ktab = best_k_table(rows)
         ctrl = next(r for r in rows if r.policy == "controller")
         table(f"c={c}: best static = {best.policy}; tuned K table = {ktab.policy}", rows, ref=best.throughput)
-        bound = phase_bound(c, SWEEP_MIX, TENANTS, STATICS, REPLICAS, GPU, MODEL)
+        bound = phase_bound(c, SWEEP_MIX, TENANTS, list(kind.statics), REPLICAS, GPU, MODEL)
         print(f"  upper bound (model) {bound.rate_tok_s:.0f} tok/s ({bound.describe()}); controller/bound "
               f"{ctrl.throughput / bound.rate_tok_s:.3f}; best static sim/model "
               f"{best.throughput / static_price(best.policy, c, SWEEP_MIX, TENANTS, REPLICAS, GPU, MODEL):.3f}")
@@ -496,8 +533,9 @@ def run_trace(args, settings: Settings, policies: list[str], phases: list[Phase]
     """One trace run of every policy; prints its tables and returns the headline ratios."""
     d = phases[0].duration_s
     total = float(sum(p.duration_s for p in phases))
-    rows = run_jobs(_trace_job, [(p, phases, args.seed, settings, truth) for p in policies], args.jobs)
-    statics = [r for r in rows if r.policy in STATICS]
+    kind = FLEETS[args.fleet]
+    rows = run_jobs(_trace_job, [(p, phases, args.seed, settings, truth, kind) for p in policies], args.jobs)
+    statics = [r for r in rows if r.policy in kind.statics]
     per_phase, picks = best_static_per_phase(statics, len(phases), total)
     best = max(statics, key=lambda r: r.throughput)
     ktab = best_k_table(rows)
@@ -520,7 +558,7 @@ def run_trace(args, settings: Settings, policies: list[str], phases: list[Phase]
         print(f"    {r.policy:<28}{cells}")
     bounds, gaps = [], []
     for i, ph in enumerate(phases):
-        b = phase_bound(ph.concurrency, ph.mix, TENANTS, STATICS, REPLICAS, GPU, MODEL)
+        b = phase_bound(ph.concurrency, ph.mix, TENANTS, list(kind.statics), REPLICAS, GPU, MODEL)
         bounds.append(b)
         pick = picks[i]
         gaps.append((pick.phase_tokens[i] / d) / static_price(pick.policy, ph.concurrency, ph.mix, TENANTS, REPLICAS,
@@ -545,6 +583,8 @@ def main() -> None:
     ap.add_argument("--trace-only", action="store_true")
     ap.add_argument("--sensitivity", action="store_true",
                     help="also run the trace under each structural perturbation (PERTURBATIONS) of the simulated truth")
+    ap.add_argument("--fleet", choices=sorted(FLEETS), default="dspark",
+                    help="the replicas' speculation: DSpark drafters (default) or vLLM's ngram prompt lookup")
     ap.add_argument("--points", type=str, default="", help="comma-separated sweep concurrencies (default: all)")
     ap.add_argument("--warm", type=float, default=0.0,
                     help="sweep warm-up seconds for every policy (default 600; --quick 120)")
@@ -557,10 +597,14 @@ def main() -> None:
                     help="settings override, highest precedence, e.g. --set controller.restart_gate.min_loss=0.6 "
                          "(repeatable)")
     args = ap.parse_args()
-    settings = bench_settings(args.config, args.assignments)
+    kind = FLEETS[args.fleet]
+    if args.sensitivity and kind.name != "dspark":
+        ap.error("--sensitivity perturbs a DSpark drafter's truth (PERTURBATIONS); it has nothing to perturb on "
+                 f"--fleet {kind.name}")
+    settings = bench_settings(args.config, args.assignments, kind)
     t_start = time.time()
     ktables = list(k_table_candidates(args.quick))
-    policies = STATICS + ktables + list(CONTROLLERS)
+    policies = list(kind.statics) + ktables + list(CONTROLLERS)
     concurrencies = [1, 16, 64, 256] if args.quick else [1, 4, 16, 64, 128, 256]
     if args.points:
         concurrencies = [int(c) for c in args.points.split(",")]
@@ -573,12 +617,13 @@ def main() -> None:
     # lets them happen; the phase trace (b) is where adaptation speed counts.
     warm = args.warm or (120.0 if args.quick else 600.0)
     print("specgate controller benchmark -- SIMULATION (drafters.sim discrete-event model; H200 + Qwen3-8B roofline)")
-    print(f"fleet: {REPLICAS} replicas per policy. controller fleet starts as {REPLICAS}x {CTRL_START}; it acts by "
+    print(f"fleet: {kind.name} ({', '.join(kind.statics)}), {REPLICAS} replicas per policy. controller fleet starts as "
+          f"{REPLICAS}x {kind.controller_start}; it acts by "
           f"per-request knobs, the gateway's routing tiers and, for `controller`, the gated restart actuator applying its "
           f"fleet plan ({RESTART_S:.0f} s simulated restart); `controller(knobs-only)` has no actuator.")
-    print(f"baselines: every static profile with and without adaptive verification; vLLM's batch-size -> K table on "
-          f"dspark-b8, grid-searched over {len(ktables)} candidates ({', '.join(ktables)}): the best per sweep point "
-          f"and over the trace is the `tuned K table`.")
+    print(f"baselines: every static profile{' with and without adaptive verification' if kind.name == 'dspark' else ''}; "
+          f"vLLM's batch-size -> K table on {kind.k_table_profile}, grid-searched over {len(ktables)} candidates "
+          f"({', '.join(ktables)}): the best per sweep point and over the trace is the `tuned K table`.")
     gate = settings.controller.restart_gate
     print("controller settings: restart_gate " + ", ".join(f"{k}={v}" for k, v in gate.model_dump().items())
           + "; step cost learned from the replicas' /metrics, prior "

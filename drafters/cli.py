@@ -185,7 +185,7 @@ def register(app: typer.Typer) -> None:
 
     @app.command("sim-replica")
     def sim_replica(
-        profile: str = typer.Option("off", help="speculation profile (the simulator models off and dspark-b{4,8,16}[-av])"),
+        profile: str = typer.Option("off", help="speculation profile (the simulator models off, ngram-k{2,4,8} and dspark-b{4,8,16}[-av])"),
         gpu: Optional[str] = typer.Option(None, help="simulated GPU (h100, h200; default sim.gpu)"),
         model: Optional[str] = typer.Option(None, help="simulated target model (qwen3-8b, qwen3-14b; default sim.model)"),
         host: str = typer.Option("127.0.0.1"),

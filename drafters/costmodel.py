@@ -55,6 +55,40 @@ Fitted values and sources (nothing here was measured on hardware):
   Qwen3-14B: 40 layers, hidden 5120, 40 q / 8 kv heads x 128, FFN 17408,
   14.8 B params (29.6 GB), 164 KB KV/token (HF configs).
 
+Host (CPU) time per step -- the per-request term.  Everything above is the
+GPU; the engine core's own CPU work also grows with the batch: every
+scheduled request costs scheduler time beyond its tokens, and a V1 ngram
+replica searches every request's context for its proposal on the CPU.
+``HostSpec`` holds those costs and ``host_time_s`` / ``ngram_propose_time_s``
+price a step's host work.  Whether it adds to the step depends on vLLM's
+scheduling mode (``SYNCHRONOUS_METHODS``, ``step_wall_time_s``): vLLM 0.32
+turns async scheduling on by default and off for the CPU ``ngram`` proposer
+(``vllm/config/vllm.py`` 1585-1610: "Async scheduling not supported with
+ngram-based speculative decoding"), so on ngram replicas the host work runs
+between GPU steps and adds to every step, while elsewhere it overlaps the
+GPU step and only a host slower than the GPU would show.  Measured by
+``bench/host_cost.py`` (run it with ``.venv-vllm/bin/python``) with vLLM
+0.32.0's own code on the project's 2-core Xeon development VM (the
+engine-core scheduler and the ngram proposer are CPU code, the same in GPU
+builds):
+
+* ``Scheduler.schedule()`` + ``update_from_output()`` (ngram K=8 config, no
+  prefix caching, 1000-token prompts, every request decoding; median of 50
+  steps) at B = 1/16/64/256: 35 / 181 / 620 / 2365 us without drafts, 40 /
+  220 / 769 / 3180 us with 4 draft tokens per request -> 27 us + 9.3 us per
+  scheduled request + 2.75 us per request with drafts (fit within 4 %).
+* ``NgramProposer.propose`` (the numba prompt lookup, K=8, lookup 1..4,
+  random token contexts; vLLM caps it at one numba thread; best of 7 calls)
+  over B = 1..256 requests of 256..3072 context tokens: 8.3 us + 1.26 us per
+  request + 0.84 ns per context token (fit within 26 %).
+
+A second run of the script read 26.5 us + 9.6 us + 3.0 us and 8.1 us + 1.23 us
++ 0.80 ns: the run-to-run spread on the shared VM is a few per cent.
+
+The model runner's per-request input preparation and the output processor
+are not in these figures (they need a GPU runner), so the host term is a
+lower bound, and a faster host CPU than this VM's would shrink it.
+
 Limits: TP=1 only; no MoE; prefill attention is treated like decode attention
 (FLOPs over the mean context); no overlap of drafter and verifier; KV
 capacity is modelled in the simulator, not here.
@@ -372,6 +406,55 @@ def predicted_goodput_tok_s(
     return batch * tokens_per_step / t
 
 
+@dataclass(frozen=True)
+class HostSpec:
+    """The engine core's CPU time per step (see the module docstring for the measurement).
+
+    ``step_s`` + ``request_s`` per scheduled request + ``verify_request_s``
+    per request whose drafts are verified: vLLM's scheduler and its
+    bookkeeping of the step's outputs. ``ngram_*``: the V1 ngram proposer's
+    prompt-lookup search, per call, per request searched and per context
+    token of those requests."""
+
+    step_s: float = 27e-6
+    request_s: float = 9.3e-6
+    verify_request_s: float = 2.75e-6
+    ngram_call_s: float = 8.3e-6
+    ngram_request_s: float = 1.26e-6
+    ngram_context_token_s: float = 0.84e-9
+
+
+DEFAULT_HOST = HostSpec()
+
+# Speculation methods whose vLLM 0.32 engine runs without async scheduling
+# (vllm/config/vllm.py: the CPU ngram proposer is the one method it is turned off
+# for; no speculation, EAGLE, DFlash and DSpark keep it on).
+SYNCHRONOUS_METHODS: frozenset[str] = frozenset({"ngram"})
+
+
+def host_time_s(scheduled: int, verifying: int, host: HostSpec = DEFAULT_HOST) -> float:
+    """Scheduler CPU time of one step with ``scheduled`` requests, ``verifying`` of them with drafts."""
+    if scheduled <= 0:
+        return 0.0
+    return host.step_s + host.request_s * scheduled + host.verify_request_s * max(verifying, 0)
+
+
+def ngram_propose_time_s(requests: int, context_tokens: float, host: HostSpec = DEFAULT_HOST) -> float:
+    """CPU time of the ngram proposer searching ``requests`` contexts of ``context_tokens`` tokens in all."""
+    if requests <= 0:
+        return 0.0
+    return host.ngram_call_s + host.ngram_request_s * requests + host.ngram_context_token_s * max(context_tokens, 0.0)
+
+
+def step_wall_time_s(device_s: float, host_s: float, method: str) -> float:
+    """How long a step takes end to end: the GPU's time plus the host's where vLLM schedules
+    synchronously (``SYNCHRONOUS_METHODS``), else the longer of the two (async scheduling
+    overlaps the host's work for the next step with the GPU's for this one)."""
+    if method in SYNCHRONOUS_METHODS:
+        return device_s + host_s
+    return max(device_s, host_s)
+
+
 def kv_capacity_tokens(gpu: GpuSpec, model: ModelSpec, gpu_memory_utilization: float = 0.9,
                        activation_reserve_bytes: float = 4e9) -> int:
     """KV-cache tokens that fit next to the weights (vLLM's gpu_memory_utilization budget)."""
@@ -416,4 +499,5 @@ __all__ = [
     "get_gpu", "get_model", "with_overrides", "pad_tokens", "step_breakdown", "step_time_s", "step_time_array_s",
     "drafter_time_s", "spec_step_time_s", "knee_tokens", "compute_bound_index", "marginal_token_cost_s",
     "static_speedup", "predicted_goodput_tok_s", "kv_capacity_tokens", "dcgm_gauges", "describe",
+    "HostSpec", "DEFAULT_HOST", "SYNCHRONOUS_METHODS", "host_time_s", "ngram_propose_time_s", "step_wall_time_s",
 ]

@@ -204,7 +204,7 @@ class Simulation:
             raise KeyError(name)
         if not self.view.replicas[name].available:
             raise ValueError(f"replica {name} is already restarting")
-        simulated_profile(profile)  # reject an unknown or non-DSpark label now, not at the swap
+        simulated_profile(profile)  # reject an unknown or unsimulated label now, not at the swap
         self.restarts.append((self.now, name, profile))
         self._draining[name] = (profile, max(0.0, downtime_s))
         self.view.replicas[name].status = "draining"

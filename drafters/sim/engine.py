@@ -24,16 +24,26 @@ Per ``step(now)`` (mirrors vLLM V1's scheduler, simplified):
    ``specgate_min_confidence``, and only the global top-B slots are verified;
    other profiles compute no confidences and ignore the floor (exactly what
    ``drafters.vllm_ext`` can do on real vLLM).  Accepted prefix ~ Bernoulli
-   chain; emitted = accepted + 1 (bonus token).
+   chain; emitted = accepted + 1 (bonus token).  On ngram profiles a request
+   proposes only when its prompt lookup matches, a copy of up to K tokens
+   truncated to its cap, accepted whole or left early (``ngram_speculation``,
+   ``ngram_acceptance``).
 3. Duration = drafter time + verify-step roofline over (decode + verified
-   drafts + prefill chunk) tokens.  The step's K is the profile's block, cut by
+   drafts + prefill chunk) tokens, and the engine core's CPU time
+   (``drafters.costmodel.host_time_s``: per step, per scheduled request, per
+   request verifying drafts; on ngram the proposer's search over every
+   sampling request's context): added to the GPU's time on ngram replicas,
+   which vLLM schedules synchronously, overlapped with it (the longer of the
+   two) elsewhere (``costmodel.step_wall_time_s``).  The step's K is the profile's block, cut by
    vLLM's batch-size->K table when configured and by ``drafters.vllm_ext`` to
    the largest ``specgate_max_draft`` among the scheduled requests (stock if
    any is uncapped).  Whenever that K > 0 the DSpark drafter runs its parallel
    pass over the *full block* for every decoding request (vLLM's V2 runner
    truncates the drafts afterwards), so a per-request cap saves verification,
    not drafting; when K = 0 -- every scheduled request capped at 0 -- the
-   drafter's pass is skipped (vLLM's "K=0" path).
+   drafter's pass is skipped (vLLM's "K=0" path).  ngram has no drafter pass
+   on the GPU; its CPU search runs whenever K > 0 (at K = 0 the plugin skips
+   it) and costs host time.
 
 Counters follow vLLM's /metrics semantics (``EngineCounters``): a "draft" is
 one request-step with >= 1 drafted token; drafted tokens include ones
@@ -66,6 +76,8 @@ from contract.knobs import cap_at, step_draft_len
 from .counters import (E2E_BUCKETS, ITER_TOKEN_BUCKETS, ITL_BUCKETS, TTFT_BUCKETS, BucketHistogram,
                        EngineCounters)
 from .engine_types import EngineConfig, EngineRequest, StepOutcome, lookup_k_table, vllm_batch_k_table
+from .ngram_acceptance import get_preset as ngram_preset
+from .ngram_speculation import draw_ngram_speculation
 from .speculation import SpecDraws, draw_speculation
 
 
@@ -77,6 +89,7 @@ class ReplicaEngine:
         self.gpu = cm.get_gpu(config.gpu)
         self.model = cm.get_model(config.model)
         self.profile = config.profile_obj
+        self.ngram = self.profile.method == "ngram"
         self.rng = rng if rng is not None else np.random.default_rng(config.seed)
         self.kv_capacity = config.kv_capacity_tokens or cm.kv_capacity_tokens(
             self.gpu, self.model, config.gpu_memory_utilization)
@@ -107,9 +120,11 @@ class ReplicaEngine:
         return self._kv_used / len(self.running) if self.running else 0.0
 
     def add_request(self, req: EngineRequest, now: float) -> None:
-        if req.preset is None:
+        if self.ngram:
+            req.preset = ngram_preset(req.workload)  # the lookup's behaviour: no per-request draw
+        elif req.preset is None:
             req.preset = acc.get_preset(req.workload, self.config.drafter_family)
-        if req.accept is None:
+        if req.accept is None and not self.ngram:
             draw = acc.sample_request(req.preset, self.rng)
             req.accept, req.logit_accept = draw.accept, draw.logit_accept
             drift = sum(rate for workload, rate in self.config.acceptance_drift if workload == req.workload)
@@ -220,9 +235,13 @@ class ReplicaEngine:
         # The drafter proposes a full block for every decoding request in the batch (vLLM drafts
         # batch-wide); per-request caps and the step's K only trim what is verified. A step capped
         # at K=0 skips the pass, unless the truth says the runner drafts anyway (k0_pays_drafter).
-        if decode and (k_step > 0 or (block and cfg.k0_pays_drafter)):
+        # ngram drafts on the CPU (host time below), not on the GPU.
+        searching = bool(decode) and (k_step > 0 or bool(block and cfg.k0_pays_drafter))
+        if searching and not self.ngram:
             draft_time = pass_s(ctx)
-        if k_step > 0 and decode:
+        if k_step > 0 and decode and self.ngram:
+            spec = draw_ngram_speculation(decode, caps, k_propose=self._spec_cap(n_sched), rng=self.rng)
+        elif k_step > 0 and decode:
             av_ctx = cfg.av_profile_context
             av_draft = None if av_ctx is None else pass_s(av_ctx)
             spec = draw_speculation(decode, prefill, caps, profile=self.profile, gpu=self.gpu, model=self.model,
@@ -234,7 +253,14 @@ class ReplicaEngine:
         n_prefill = sum(c for _, c in prefill)
         num_tokens = len(decode) + n_verified + n_prefill
         cost = cm.step_breakdown(self.gpu, self.model, num_tokens, n_sched, ctx)
-        duration = cost.time_s + draft_time
+        verifying = int(np.count_nonzero(spec.drafted)) if spec is not None else 0  # requests with drafts scheduled
+        host = cm.host_time_s(n_sched, verifying)
+        if searching and self.ngram:
+            # vLLM's proposer searches every request that samples this step: the decoding ones
+            # and those whose prefill completes (it skips the rest), each over its whole context.
+            sampling = decode + [r for r, chunk in prefill if r.prefilled + chunk >= r.prefill_target]
+            host += cm.ngram_propose_time_s(len(sampling), float(sum(r.context for r in sampling)))
+        duration = cm.step_wall_time_s(cost.time_s + draft_time, host, self.profile.method)
         end = now + duration
 
         # ---------------- apply
@@ -309,7 +335,7 @@ class ReplicaEngine:
         c.steps += 1
         c.busy_s += duration
         self.last_cost = cost
-        out = StepOutcome(now, duration, emissions, finished, num_tokens, n_sched, cost, draft_time)
+        out = StepOutcome(now, duration, emissions, finished, num_tokens, n_sched, cost, draft_time, host)
         self.last_step = out
         return out
 

@@ -20,10 +20,13 @@ from .. import costmodel as cm
 from contract.knobs import Schedule
 from contract.profiles import PROFILE_LABELS, Profile, parse_profile
 from contract.settings import DEFAULT_GPU, DEFAULT_MODEL
+from .ngram_acceptance import NgramPreset
 
-# The simulator models DSpark only (drafter cost, Markov/confidence heads, adaptive
-# verification); other methods are refused at config load rather than mis-modelled.
-SIMULATED_METHODS: tuple[str, ...] = ("off", "dspark")
+# The simulator models DSpark (drafter cost, Markov/confidence heads, adaptive
+# verification) and ngram prompt lookup (proposal rate, whole-match acceptance,
+# CPU proposer: ngram_acceptance.py); other methods are refused at config load
+# rather than mis-modelled.
+SIMULATED_METHODS: tuple[str, ...] = ("off", "ngram", "dspark")
 SIMULATED_PROFILE_LABELS: tuple[str, ...] = tuple(
     label for label in PROFILE_LABELS if parse_profile(label).method in SIMULATED_METHODS
 )
@@ -35,7 +38,7 @@ def simulated_profile(label: str) -> Profile:
     if profile.method not in SIMULATED_METHODS:
         raise ValueError(
             f"speculation profile {profile.label!r} (method {profile.method}) cannot be simulated: the simulator "
-            f"models DSpark only; use one of {', '.join(SIMULATED_PROFILE_LABELS)}"
+            f"models DSpark and ngram only; use one of {', '.join(SIMULATED_PROFILE_LABELS)}"
         )
     return profile
 
@@ -47,7 +50,7 @@ class EngineConfig:
     gpu: str = DEFAULT_GPU
     model: str = DEFAULT_MODEL
     profile: str = "off"
-    drafter_family: str = "dspark"
+    drafter_family: str = "dspark"  # DSpark profiles' acceptance presets: "dspark" or "dflash" (ngram has its own)
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 8192
     gpu_memory_utilization: float = 0.9
@@ -68,7 +71,7 @@ class EngineConfig:
     name: str = "sim-0"
 
     def __post_init__(self) -> None:
-        simulated_profile(self.profile)  # refuse an unknown or non-DSpark label now
+        simulated_profile(self.profile)  # refuse an unknown or unsimulated label now
 
     @property
     def profile_obj(self) -> Profile:
@@ -131,7 +134,7 @@ class EngineRequest:
         self.accepted_tokens = 0
         self.accept: np.ndarray | None = None
         self.logit_accept: np.ndarray | None = None
-        self.preset: acc.WorkloadPreset | None = None
+        self.preset: acc.WorkloadPreset | NgramPreset | None = None  # the replica's method decides which
         self.user = user  # opaque (the HTTP server hangs its stream queue here)
         self.replica: str | None = None
         self.admitted_s: float | None = None
@@ -177,6 +180,7 @@ class StepOutcome:
     batch: int
     cost: cm.StepCost | None
     draft_time_s: float = 0.0
+    host_s: float = 0.0  # the engine core's CPU time (drafters.costmodel.host_time_s + the ngram search)
 
     @property
     def end_s(self) -> float:

@@ -2,7 +2,7 @@
 
 Why a module of its own: what a sim replica exposes on /metrics is a contract
 with the gateway and the controller (they scrape it exactly as they scrape a
-real vLLM + DSpark replica), and it is a translation of the engine's counters
+real vLLM replica), and it is a translation of the engine's counters
 (``counters.py``) into metric families -- no HTTP handling, no engine loop.
 
 Families (labels ``model_name``, ``engine``): ``vllm:num_requests_running``,
@@ -95,7 +95,7 @@ class SimCollector:
         info = GaugeMetricFamily("specgate_ext_info", "specgate vLLM extension (simulated replica).",
                                  labels=["version", "knobs"])
         prof = eng.profile
-        knobs = advertised_knobs("dspark" if prof.speculative else None, prof.adaptive)
+        knobs = advertised_knobs(prof.method if prof.speculative else None, prof.adaptive)
         info.add_metric([SIM_VERSION, ",".join(knobs)], 1.0)
         yield info
 

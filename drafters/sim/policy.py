@@ -142,7 +142,7 @@ class ReplicaView:
     def advertised_knobs(self) -> tuple[str, ...]:
         """The knobs this replica lists in ``specgate_ext_info`` (as the vLLM plugin would)."""
         prof = self._eng.profile
-        return advertised_knobs("dspark" if prof.speculative else None, prof.adaptive)
+        return advertised_knobs(prof.method if prof.speculative else None, prof.adaptive)
 
     def snapshot(self) -> VllmMetricsSnapshot | None:
         """The /metrics snapshot a controller (or gateway) would parse from this replica; None while it is down."""
@@ -257,7 +257,9 @@ class ModelOraclePolicy(BasePolicy):
     evaluates caps k in {0, 1, 2, 3, 4, 6, 8, ..., block} assuming the batch
     drafts like this request, and picks the (replica, k) with the highest
     predicted goodput per request.  Not deployable (it knows acceptance in
-    advance); it bounds what a controller could reach.
+    advance); it bounds what a controller could reach on DSpark replicas (it
+    prices every replica with ``drafters.acceptance`` and the drafter's pass,
+    so it is no bound on ngram ones).
     """
 
     name = "oracle"

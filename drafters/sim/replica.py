@@ -46,7 +46,7 @@ class SimReplicaSettings(SimSettings):
     def _profile(cls, value):
         if value is False:  # YAML reads an unquoted `off` as false
             return "off"
-        return simulated_profile(value).label  # unknown or non-DSpark labels are refused here
+        return simulated_profile(value).label  # unknown or unsimulated labels are refused here
 
     def engine_config(self) -> EngineConfig:
         return EngineConfig(gpu=self.gpu, model=self.model, profile=self.profile, max_num_seqs=self.max_num_seqs,

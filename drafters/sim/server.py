@@ -1,7 +1,7 @@
 """HTTP sim replica: the simulated engine behind vLLM's OpenAI-compatible surface, in real time.
 
 Why: the gateway, controller, demo stack and their tests need replicas that
-*behave* like vLLM + DSpark on an H100/H200 (latency, batching, acceptance,
+*behave* like vLLM + DSpark or ngram speculation on an H100/H200 (latency, batching, acceptance,
 /metrics) on a 2-core CPU box.  This server is a SIMULATION: no model runs;
 the text it returns is plainly synthetic ("[specgate-sim] lorem ipsum ...").
 
@@ -48,7 +48,7 @@ Surface (what the gateway and controller use):
   (vLLM names and labels ``model_name``, ``engine``; dcgm-exporter GPU gauges
   from the cost model; ``specgate_ext_info{version,knobs} 1``: knobs
   ``max_draft,max_batch,schedule,min_confidence`` on ``-av`` profiles, ``max_draft,max_batch,schedule`` on other
-  DSpark profiles, empty on ``off``).
+  DSpark and ngram profiles, empty on ``off``).
 * Errors are vLLM's: ``{"error": {"message", "type", "param", "code"}}``.
 
 Cost: one asyncio task drives the batch (one engine step per iteration, a

@@ -72,7 +72,7 @@ def test_checkpoint_validate_cli(speculators_checkpoints):
 def test_sim_replica_rejects_bad_options():
     r = runner.invoke(app, ["sim-replica", "--profile", "dspark-b5"])
     assert r.exit_code == 2 and "unknown speculation profile" in r.output
-    r = runner.invoke(app, ["sim-replica", "--profile", "ngram-k4"])
+    r = runner.invoke(app, ["sim-replica", "--profile", "eagle3-k4"])
     assert r.exit_code == 2 and "cannot be simulated" in r.output and "dspark-b8-av" in r.output
     assert runner.invoke(app, ["sim-replica", "--gpu", "a100"]).exit_code == 2
 

@@ -245,3 +245,23 @@ def test_an_idle_replica_goes_down_at_once_and_cannot_restart_twice():
         sim.restart_replica("r0", "off", 1.0)
     with pytest.raises(KeyError):
         sim.restart_replica("nope", "off", 1.0)
+
+
+def test_an_ngram_fleet_advertises_its_knobs_and_its_tenants_telemetry_shows_the_lookup():
+    """What a controller sees of ngram replicas: the plugin's knobs (no confidence floor), and per
+    tenant the lookup's proposal rate (fewer speculation steps per decode step for sampled chat than
+    for code) and acceptance."""
+    tenants = [TenantSpec("code", "code", output_mean=120), TenantSpec("chat", "chat", output_mean=120)]
+    sim = Simulation([EngineConfig(name="n", profile="ngram-k4")], ClosedLoopSource(8, tenants, seed=3), seed=1)
+    sim.run(until_s=20)
+    snap = sim.snapshot("n")
+    assert snap.ext_knobs == frozenset(advertised_knobs("ngram", False)) == {"max_draft", "max_batch", "schedule"}
+    code, chat = sim.tenant_counters[("code", "n")], sim.tenant_counters[("chat", "n")]
+    assert code["spec_requests"] == code["requests"] > 0 and chat["spec_requests"] == chat["requests"] > 0
+    # decode steps = tokens after each request's first, less the accepted drafts (a step emits 1 + accepted)
+    rate = {t: c["num_spec_steps"] / (c["completion_tokens"] - c["requests"] - c["num_accepted_draft_tokens"])
+            for t, c in (("code", code), ("chat", chat))}
+    assert rate["code"] == pytest.approx(0.378, abs=0.05) and rate["chat"] < 0.7 * rate["code"]
+    al = {t: 1 + c["num_accepted_draft_tokens"] / c["num_spec_steps"] for t, c in (("code", code), ("chat", chat))}
+    assert al["code"] > 2.0 and al["chat"] < 1.05
+    assert snap.spec_num_drafts >= code["num_spec_steps"] + chat["num_spec_steps"]  # + requests still running

@@ -2,7 +2,9 @@ import numpy as np
 import pytest
 
 from drafters.acceptance import expected_tokens_per_step, get_preset
+from drafters import costmodel as cm
 from drafters.costmodel import get_gpu, get_model, step_time_s
+from drafters.sim import ngram_acceptance as ng
 from drafters.sim.engine import EngineConfig, EngineRequest, ReplicaEngine, lookup_k_table, vllm_batch_k_table
 
 
@@ -182,3 +184,100 @@ def test_adaptive_verification_priced_at_its_start_up_tables_trims_differently()
     (share, rate), (tabled_share, tabled_rate) = run(), run(av_profile_context=8192)
     assert tabled_share > 1.3 * share
     assert tabled_rate < rate
+
+
+# ---------------------------------------------------------------- ngram replicas
+
+
+def _ngram_run(workload: str, n: int = 64, **kw):
+    eng = ReplicaEngine(EngineConfig(profile="ngram-k8"), np.random.default_rng(5))
+    reqs = [EngineRequest(str(i), 100, 400, workload, **kw) for i in range(n)]
+    for r in reqs:
+        eng.add_request(r, 0.0)
+    outs, t = _drain(eng)
+    return eng, reqs, outs
+
+
+def test_ngram_requests_propose_in_some_steps_and_report_it_as_vllm_counts():
+    """A step whose lookup found nothing is not a speculation step for that request: the per-request
+    summaries and the engine's counters show the proposal rate and the bed's acceptance."""
+    eng, reqs, _ = _ngram_run("code")
+    c = eng.counters
+    decode_steps = sum(r.output - 1 - r.accepted_tokens for r in reqs)  # every decode step emits 1 + accepted
+    spec_steps = sum(r.spec_steps for r in reqs)
+    p = ng.get_preset("code")
+    assert spec_steps / decode_steps == pytest.approx(p.propose_rate, abs=0.02)
+    assert c.acceptance_length == pytest.approx(1 + ng.accepted_per_proposal(p, 8), abs=0.06)
+    assert c.num_draft_tokens / c.num_drafts == pytest.approx(ng.drafted_per_proposal(p, 8), abs=0.2)
+    assert (spec_steps, sum(r.draft_tokens for r in reqs), sum(r.accepted_tokens for r in reqs)) == (
+        c.num_drafts, c.num_draft_tokens, c.num_accepted_tokens)
+    assert c.accepted_per_pos[:8].sum() == c.num_accepted_tokens and np.all(np.diff(c.accepted_per_pos[:8]) <= 0)
+    assert c.verified_draft_tokens == c.num_draft_tokens  # no adaptive verification on ngram
+    s = reqs[0].spec_summary()
+    assert s["num_spec_steps"] == reqs[0].spec_steps and s["num_draft_tokens"] == reqs[0].draft_tokens
+    chat, chat_reqs, _ = _ngram_run("chat")
+    chat_decode = sum(r.output - 1 - r.accepted_tokens for r in chat_reqs)
+    assert sum(r.spec_steps for r in chat_reqs) / chat_decode < 0.6 * spec_steps / decode_steps
+    assert chat.counters.acceptance_length < 1.02
+
+
+def _step_two(profile: str, n: int = 8, max_draft: int | None = None, **truth):
+    """The second step (the first decoding one) of ``n`` code requests."""
+    eng = ReplicaEngine(EngineConfig(profile=profile, **truth), np.random.default_rng(1))
+    reqs = [EngineRequest(str(i), 50, 100, "code", max_draft=max_draft) for i in range(n)]
+    for r in reqs:
+        eng.add_request(r, 0.0)
+    first = eng.step(0.0)
+    return eng, reqs, eng.step(first.duration_s)
+
+
+def test_ngram_steps_pay_the_host_instead_of_a_drafter_pass():
+    """No drafter on the GPU; the scheduler's per-request time and the CPU search add to the step,
+    because vLLM schedules ngram synchronously. Elsewhere the host overlaps the GPU step."""
+    eng, reqs, out = _step_two("ngram-k8")
+    verifying = sum(1 for r in reqs if r.spec_steps)
+    # the search ran over each context as it was before this step's tokens (1 + accepted each)
+    search = cm.ngram_propose_time_s(len(reqs), sum(r.context - 1 - r.accepted_tokens for r in reqs))
+    assert out.draft_time_s == 0.0
+    assert out.host_s == pytest.approx(cm.host_time_s(8, verifying) + search, rel=1e-9) and out.host_s > 0
+    assert out.duration_s == pytest.approx(out.cost.time_s + out.host_s, rel=1e-12)
+    for profile in ("dspark-b8", "off"):
+        _, _, other = _step_two(profile)
+        assert 0 < other.host_s < other.cost.time_s
+        assert other.duration_s == pytest.approx(other.cost.time_s + other.draft_time_s, rel=1e-12)
+    # the per-request term: eight times the batch, about eight times the host time
+    _, _, big = _step_two("ngram-k8", n=64)
+    assert 6 * out.host_s < big.host_s < 9 * out.host_s
+
+
+def test_ngram_search_is_skipped_at_k_zero_unless_the_truth_says_stock_vllm():
+    """Every request capped at 0: the plugin runs no search (only the scheduler's time is left);
+    stock vLLM at K=0 still searches every context (`k0_pays_drafter`)."""
+    _, reqs, zero = _step_two("ngram-k8", max_draft=0)
+    assert zero.num_tokens == 8 and all(r.spec_steps == 0 for r in reqs)
+    assert zero.host_s == pytest.approx(cm.host_time_s(8, 0))
+    _, _, paying = _step_two("ngram-k8", max_draft=0, k0_pays_drafter=True)
+    assert paying.host_s > zero.host_s and paying.draft_time_s == 0.0 and paying.num_tokens == 8
+
+
+def test_per_request_knobs_cut_ngram_proposals_as_on_dspark():
+    eng = ReplicaEngine(EngineConfig(profile="ngram-k8"), np.random.default_rng(3))
+    zero = EngineRequest("zero", 100, 300, "code", max_draft=0)
+    two = EngineRequest("two", 100, 300, "code", max_draft=2)
+    # five requests run together while this one lives (it finishes first): always above its max_batch
+    above = EngineRequest("above", 100, 100, "code", max_batch=3)
+    short = EngineRequest("short", 100, 300, "code", schedule=((8, 3),))  # batch 5 <= 8: draft length 3
+    stock = EngineRequest("stock", 100, 300, "code")
+    for r in (zero, two, above, short, stock):
+        eng.add_request(r, 0.0)
+    _drain(eng)
+    assert zero.spec_steps == above.spec_steps == 0 and zero.draft_tokens == above.draft_tokens == 0
+    assert 0 < two.draft_tokens <= 2 * two.spec_steps and two.accepted_tokens <= 2 * two.spec_steps
+    assert 0 < short.draft_tokens <= 3 * short.spec_steps
+    assert stock.draft_tokens > 3 * stock.spec_steps  # the copy is longer when nothing caps it
+    # the batch-size table of vLLM caps what the proposer is asked for
+    tabled = ReplicaEngine(EngineConfig(profile="ngram-k8", spec_k_table=((1, 1024, 2),)), np.random.default_rng(3))
+    r = EngineRequest("t", 100, 300, "code")
+    tabled.add_request(r, 0.0)
+    _drain(tabled)
+    assert 0 < r.draft_tokens <= 2 * r.spec_steps

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 
 import httpx
+import numpy as np
 import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -181,6 +182,42 @@ async def test_knobs_change_drafting(sim_server):
         bad = await _run(client, {"specgate_max_draft": "lots", "specgate_min_confidence": 7})
         assert all(s["num_draft_tokens"] <= 8 * s["num_spec_steps"] for s in bad)
         assert per_step(bad) > 6.0
+        await client.close()
+
+
+async def test_ngram_replica_reports_what_it_simulated(sim_server):
+    """On an ngram replica a step without a proposal is no speculation step: the per-request
+    summaries, their histograms and the Prometheus counters all add up to what was simulated,
+    and a cap truncates the proposals (vLLM's acceptance histogram stops at it)."""
+    async with sim_server(SimReplicaSettings(profile="ngram-k8", default_workload="code")) as (base, sim):
+        client = _client(base)
+        stock = await _run(client, None, n=16, max_tokens=160)
+        capped = await _run(client, {"specgate_max_draft": 2}, n=4, max_tokens=160)
+        async with httpx.AsyncClient() as h:
+            text = (await h.get(base + "/metrics")).text
+        snap = parse_vllm_metrics(text)
+        assert snap.ext_knobs == {"max_draft", "max_batch", "schedule"}
+        for s in stock + capped:
+            hist = s["acceptance_histogram"]
+            assert len(hist) == 9 and s["num_spec_tokens"] == 8
+            assert s["num_spec_steps"] == sum(hist)
+            assert s["num_accepted_draft_tokens"] == sum(j * c for j, c in enumerate(hist))
+            # 159 tokens after the prefill token: steps with a proposal emit 1 + accepted, the others 1
+            plain_steps = 159 - s["num_spec_steps"] - s["num_accepted_draft_tokens"]
+            assert plain_steps > s["num_spec_steps"] / 2
+        for s in capped:
+            assert sum(s["acceptance_histogram"][3:]) == 0 and s["num_draft_tokens"] <= 2 * s["num_spec_steps"]
+        steps = sum(s["num_spec_steps"] for s in stock)
+        decode_steps = sum(159 - s["num_accepted_draft_tokens"] for s in stock)
+        assert 0.25 < steps / decode_steps < 0.55  # the code preset proposes in ~38 % of its steps
+        hist = [sum(col) for col in zip(*(s["acceptance_histogram"] for s in stock))]
+        assert hist[0] == max(hist) and hist[8] > np.mean(hist[3:6])  # whole or early: a U, not a decaying chain
+        both = stock + capped
+        assert snap.spec_num_drafts == sum(s["num_spec_steps"] for s in both)
+        assert snap.spec_num_draft_tokens == sum(s["num_draft_tokens"] for s in both)
+        assert snap.spec_num_accepted_tokens == sum(s["num_accepted_draft_tokens"] for s in both)
+        assert sum(snap.spec_accepted_per_pos.values()) == snap.spec_num_accepted_tokens
+        assert snap.generation_tokens == 20 * 160
         await client.close()
 
 
