@@ -36,7 +36,7 @@ from contract.knobs import Schedule, compact_schedule
 
 from .config import DecisionConfig
 from .context import FleetContext
-from .goodput import GoodputModel, run_batch
+from .goodput import GoodputModel
 from .optimizer import Optimizer, priced_mix
 from .views import ReplicaInput
 
