@@ -111,11 +111,12 @@ OPTED_IN = {"capture": {"fraction": 1.0, "max_per_hour": 10_000}}
 
 @pytest.fixture
 def capture_gw(start_gateway, sim, recorder):
-    def _start(alpha_capture=OPTED_IN["capture"], beta_capture=None, **capture):
+    def _start(alpha_capture=OPTED_IN["capture"], beta_capture=None, budget_store_timeout_s=None, **capture):
         tenants = [tenant("alpha", speculation={"capture": alpha_capture}),
                    tenant("beta", **({"speculation": {"capture": beta_capture}} if beta_capture else {}))]
+        gateway = {} if budget_store_timeout_s is None else {"budget_store_timeout_s": budget_store_timeout_s}
         return start_gateway([{"url": sim.url, "name": "sim", "profile": "off"}], tenants,
-                             capture={"url": recorder.server.url, **capture})
+                             capture={"url": recorder.server.url, **capture}, **gateway)
     return _start
 
 
@@ -300,8 +301,13 @@ def test_max_per_hour_caps_captures_and_counts_the_rest(capture_gw, recorder):
 def test_max_per_hour_holds_across_gateway_instances_sharing_redis(capture_gw, recorder):
     # Two instances (one Redis): the budget is the tenant's, not each instance's,
     # which is also what keeps a restarted instance from starting a fresh hour.
+    # The shared window needs the store up: while it is down each instance's own
+    # window is the bound (fail open, by design). A starved machine once answered a
+    # Redis call in over 0.5 s, the default `budget_store_timeout_s`, and the store
+    # counted as down for 4 s (4 captures, one CI-like run), so the instances here
+    # give the store the time a loaded machine takes.
     spec = {"fraction": 1.0, "max_per_hour": 3}
-    gws = [capture_gw(alpha_capture=spec), capture_gw(alpha_capture=spec)]
+    gws = [capture_gw(alpha_capture=spec, budget_store_timeout_s=10.0) for _ in range(2)]
     for i in range(4):
         for gw in gws:
             assert _one(client(gw, "alpha"), chat=False, stream=bool(i % 2), max_tokens=4)[1]
