@@ -164,6 +164,19 @@ def schedule_envelope(schedule: Schedule) -> tuple[int, int]:
 
 STOCK = RequestKnobs()
 
+# Knobs the plugin cuts in vLLM's scheduler, so every speculative method honours them.
+STEP_KNOBS = ("max_draft", "max_batch", "schedule")
+
+
+def honoured_knobs(speculates: bool, confidences: bool) -> tuple[str, ...]:
+    """The knobs a replica honours (what it advertises in `specgate_ext_info`): the
+    scheduler's when it speculates, plus `min_confidence` where the engine computes
+    draft confidences (DSpark under adaptive verification). The one rule behind the
+    plugin's discovery and the profiles (`contract.profiles.Profile.knobs`)."""
+    if not speculates:
+        return ()
+    return STEP_KNOBS + (("min_confidence",) if confidences else ())
+
 
 def _parse_count(key: str, value: Any) -> tuple[int | None, str | None]:
     """A non-negative integer (int, integral float or digit string)."""

@@ -136,18 +136,19 @@ def apply_override(
     enabled = True if ov.mode == "on" else current.enabled
     if not enabled or fleet.max_block == 0:
         return None
+
+    def bounded(draft: int) -> int:
+        """A draft cap inside the override's bounds and the largest live block."""
+        draft = ov.clamp_cap(draft)
+        return min(draft, fleet.max_block) if fleet.max_block is not None else draft
+
     k = current.max_draft if current.enabled and current.max_draft else (ov.max_draft_max or ov.max_draft_min)
     if k is not None:
-        k = ov.clamp_cap(k)
-        if fleet.max_block is not None:
-            k = min(k, fleet.max_block)
+        k = bounded(k)
     schedule = None
     if current.enabled and ov.mode != "on" and current.schedule is not None:
-        def clamp(draft: int) -> int:
-            draft = ov.clamp_cap(draft) if draft else 0
-            return min(draft, fleet.max_block) if fleet.max_block is not None else draft
-
-        schedule = compact_schedule((max_batch, clamp(draft)) for max_batch, draft in current.schedule)
+        # Its zeros stay: where it stops drafting is the controller's load verdict, as max_batch is.
+        schedule = compact_schedule((max_batch, bounded(draft) if draft else 0) for max_batch, draft in current.schedule)
     return SpeculationPolicy(
         enabled=True,
         preferred_profile=current.preferred_profile if current.enabled else None,

@@ -37,6 +37,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from .knobs import honoured_knobs
+
 # Methods, in label order. "off" = no speculation.
 METHODS: tuple[str, ...] = ("off", "ngram", "eagle3", "dflash", "dspark")
 SPECULATIVE_METHODS: tuple[str, ...] = METHODS[1:]
@@ -143,9 +145,7 @@ class Profile:
         """The plugin's knobs a replica of this profile honours (what it advertises in
         ``specgate_ext_info``): ``max_draft,max_batch,schedule`` when it speculates, plus
         ``min_confidence`` under adaptive verification (the only path with confidences)."""
-        if not self.supports_knobs:
-            return ()
-        return ("max_draft", "max_batch", "schedule") + (("min_confidence",) if self.adaptive else ())
+        return honoured_knobs(self.supports_knobs, self.adaptive)
 
     @property
     def label(self) -> str:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
-from contract.knobs import schedule_envelope
+from contract.knobs import MAX_BATCH_KEY
 from contract.policy import SpeculationPolicy
 
 from .decision import Decision
@@ -17,9 +17,8 @@ from .decision import Decision
 
 def stop_batch(policy: SpeculationPolicy) -> int:
     """The batch above which a tenant stops drafting (-1 = none): its load threshold,
-    or where its schedule stops (what `vllm_xargs` sends as max_batch)."""
-    stops = [b for b in (policy.max_batch, policy.schedule and schedule_envelope(policy.schedule)[1]) if b is not None]
-    return min(stops) if stops else -1
+    or where its schedule stops -- what `vllm_xargs` sends as max_batch."""
+    return int(policy.vllm_xargs().get(MAX_BATCH_KEY, -1))
 
 
 class ControllerMetrics:

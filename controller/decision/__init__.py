@@ -115,9 +115,11 @@ def decide(
         # A schedule says where the tenant stops drafting itself (its zeros; the policy
         # sends its envelope as max_batch to plugins without schedules); the load
         # threshold, priced for today's cap at every batch, would cut it short.
-        max_batch = thresholds.for_choice(choice, ctx.homes[t]) if k > 0 and schedule is None else None
-        load = max((run_batch(r) for r in ctx.homes[t]), default=1.0)
-        max_batch = hysteresis.steady_max_batch(prev, verdict, max_batch, load, cfg, now) if schedule is None else None
+        max_batch = None
+        if schedule is None:
+            max_batch = thresholds.for_choice(choice, ctx.homes[t]) if k > 0 else None
+            load = max((run_batch(r) for r in ctx.homes[t]), default=1.0)
+            max_batch = hysteresis.steady_max_batch(prev, verdict, max_batch, load, cfg, now)
 
         tenant_rho = {r.name: rho[r.name] for r in ctx.homes[t]}
         policy = assembly.tenant_policy(ctx, verdict, proposal, ov, theta, max_batch, tenant_rho, view.acceptance,

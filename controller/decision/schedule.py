@@ -36,7 +36,6 @@ from contract.knobs import Schedule, compact_schedule
 
 from .config import DecisionConfig
 from .context import FleetContext
-from .goodput import GoodputModel
 from .optimizer import Optimizer, priced_mix
 from .views import ReplicaInput
 
@@ -46,10 +45,9 @@ def schedule_replicas(ctx: FleetContext) -> list[ReplicaInput]:
     return [r for r in ctx.live if r.block > 0 and r.supports_knobs]
 
 
-def _goodput_at(model: GoodputModel, reps: list[ReplicaInput], batch: float, choice: Mapping[str, int], t: str) -> float:
-    return sum(
-        model.evaluate(replace(rep, batch=batch, waiting=0.0, mix=priced_mix(rep, t)), choice).goodput for rep in reps
-    )
+def _priced_at(reps: list[ReplicaInput], batch: float, t: str) -> list[ReplicaInput]:
+    """`reps` at `batch`, tenant t priced as at least a small participant (`priced_mix`)."""
+    return [replace(rep, batch=batch, waiting=0.0, mix=priced_mix(rep, t)) for rep in reps]
 
 
 def _rho_at(reps: list[ReplicaInput], batch: float) -> float:
@@ -81,6 +79,7 @@ def joint_lengths(
         caps = {t: [c for c in options[t] if long_ok or min(c, ctx.max_block) <= cfg.large_draft] or [0]
                 for t in drafting}
         at_b = [replace(rep, batch=float(b), waiting=0.0) for rep in reps]
+        priced = {t: _priced_at(reps, float(b), t) for t in drafting}
         # Several starts, as the optimizer's: one tenant alone stopping saves little
         # while the others keep the drafter's pass running, everyone stopping saves it.
         starts = [previous, {**previous, **{t: 0 for t in drafting}}]
@@ -91,7 +90,7 @@ def joint_lengths(
                 for t in drafting:
                     best_c, best_g = choice[t], -1.0
                     for c in caps[t]:
-                        g = _goodput_at(model, reps, float(b), {**choice, t: c}, t)
+                        g = model.total(priced[t], {**choice, t: c})
                         if g > best_g * (1 + 1e-9):
                             best_c, best_g = c, g
                     choice[t] = best_c

@@ -30,6 +30,8 @@ from collections.abc import Iterable
 
 from prometheus_client import REGISTRY, CollectorRegistry, Gauge
 
+from contract.knobs import honoured_knobs
+
 logger = logging.getLogger("specgate.vllm_ext")
 
 EXT_VERSION = "0.1.0"
@@ -41,12 +43,7 @@ _gauge: Gauge | None = None
 
 def advertised_knobs(method: str | None, adaptive_verification: bool) -> tuple[str, ...]:
     """PURE: the knobs a replica with this speculative config honours."""
-    if not method:
-        return ()
-    knobs = ["max_draft", "max_batch", "schedule"]  # all three are cut in the scheduler (scheduler_patch)
-    if method == "dspark" and adaptive_verification:
-        knobs.append("min_confidence")
-    return tuple(knobs)
+    return honoured_knobs(bool(method), method == "dspark" and adaptive_verification)
 
 
 def knobs_from_vllm_config(vllm_config) -> tuple[str, ...]:
