@@ -183,6 +183,9 @@ class SampleStore:
             pass
 
     def stats(self) -> StoreStats:
+        """The store now. A sweep deletes files before it saves its counters,
+        so a reader racing a sweep may see samples gone a moment before they
+        are counted as evicted; the counters never run ahead of the files."""
         files = list(self._files())
         saved = self._load_stats()
         used = sum(size for _, _, size in files)

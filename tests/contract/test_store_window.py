@@ -4,6 +4,7 @@ and the heartbeat primitive that counts live gateway instances."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 import redis as sync_redis
@@ -114,13 +115,22 @@ async def test_redis_retry_after_matches_the_sliding_window(redis_url, redis_pre
 
 
 async def test_heartbeat_counts_live_members(store):
-    assert await store.heartbeat("hb", "a", 0.3) == 1
-    assert await store.heartbeat("hb", "b", 0.3) == 2
-    assert await store.heartbeat("hb", "a", 0.3) == 2  # a beat again: still two
+    """b counts until its last beat is a TTL old, then drops out -- never
+    earlier. The TTL is long against a loaded machine's stalls (a 0.3 s TTL
+    expired b between two calls under a parallel suite); the expiry is then
+    waited for with a bound rather than slept to."""
+    ttl = 2.0
+    assert await store.heartbeat("hb", "a", ttl) == 1
+    b_beat = time.monotonic()
+    assert await store.heartbeat("hb", "b", ttl) == 2
+    assert await store.heartbeat("hb", "a", ttl) == 2  # a beat again: still two
     await asyncio.sleep(0.2)
-    assert await store.heartbeat("hb", "a", 0.3) == 2
-    await asyncio.sleep(0.2)  # b silent for 0.4 s > 0.3 s: gone
-    assert await store.heartbeat("hb", "a", 0.3) == 1
+    assert await store.heartbeat("hb", "a", ttl) == 2
+    deadline = b_beat + ttl + 10.0
+    while (live := await store.heartbeat("hb", "a", ttl)) == 2:
+        assert time.monotonic() < deadline, "b never expired"
+        await asyncio.sleep(0.1)
+    assert live == 1 and time.monotonic() - b_beat >= ttl * 0.95  # (the store's clock, not this one: a little slack)
 
 
 def test_heartbeat_uses_the_stores_clock():
