@@ -68,6 +68,7 @@ import argparse
 import asyncio
 import multiprocessing
 import os
+import random
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -238,6 +239,7 @@ class ControllerPolicy(BasePolicy):
         self.ticks = 0
         self._last: float | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._draws = random.Random(0)  # per-request probe draws, reproducible run to run
 
     def attach(self, sim: Simulation) -> None:
         self.sim = sim
@@ -283,7 +285,7 @@ class ControllerPolicy(BasePolicy):
             self._loop.run_until_complete(self.actuator.apply(decision.replicas, now))
 
     def admit(self, request, view) -> Admission:
-        policy = self.policy_view.for_tenant(request.tenant)
+        policy, _ = self.policy_view.for_tenant(request.tenant).draw(self._draws.random())  # a probe's arm, per request
         states = []
         for name, rv in view.replicas.items():
             st = self.gateway[name]

@@ -71,6 +71,15 @@ class RequestKnobs:
         """The draft cap in a step of `batch` requests (None = uncapped)."""
         return cap_at(self.max_draft, self.max_batch, batch, self.schedule)
 
+    def largest_cap(self) -> int | None:
+        """The most draft tokens these knobs allow in any step (None = uncapped):
+        what a request's proposals are measured against when its proposal rate
+        and length are estimated (`contract.telemetry`)."""
+        if self.max_batch is not None and self.max_batch < 1:
+            return 0
+        caps = [k for k in (self.max_draft, max((k for _, k in self.schedule), default=0) if self.schedule else None) if k is not None]
+        return min(caps) if caps else None
+
 
 def schedule_cap(schedule: Schedule, batch: int) -> int:
     """A schedule's draft length in a step of `batch` requests: the first pair

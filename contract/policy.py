@@ -40,7 +40,7 @@ def served_tenants(settings: Any) -> list[str]:
 # The fields that decide what a tenant's requests get (`SpeculationPolicy.behaviour`).
 BEHAVIOUR_FIELDS = (
     "enabled", "preferred_profile", "max_draft", "min_confidence", "max_batch", "schedule", "drafter", "canary",
-    "capture",
+    "capture", "probe",
 )
 # What makes a published policy a change: its behaviour, or who set it (an admin pin
 # replacing an identical controller choice must show as `admin`); the reason is bookkeeping.
@@ -78,6 +78,33 @@ class CanarySpec(BaseModel, frozen=True):
     share: float = Field(default=0.25, gt=0.0, lt=1.0, description="share of the tenant's requests sent to the candidate")
 
 
+class ProbeSpec(BaseModel, frozen=True):
+    """A small random share of the tenant's requests follows `schedule`
+    instead of the policy's caps (`SpeculationPolicy.probe_arm`): while the
+    tenant does not draft, a share that drafts where it is cheap (evidence
+    the controller would otherwise never gather); while it drafts, optionally
+    a share that does not (a hold-out). Drawn per request by the gateway, so
+    both arms share the replicas and their steps: the ratio of their time per
+    output token is the tenant's measured gain from drafting
+    (controller/decision/probe.py)."""
+
+    share: float = Field(gt=0.0, le=0.5, description="share of the tenant's requests sent as the probe arm")
+    schedule: Schedule = Field(description="the probe arm's batch -> draft length, as `SpeculationPolicy.schedule`")
+    profile: str | None = Field(
+        default=None,
+        description="replica profile the probe arm prefers (an exploring request must reach a replica that drafts); "
+        "None: the policy's own preference",
+    )
+
+    @field_validator("schedule")
+    @classmethod
+    def _valid_schedule(cls, schedule: Schedule) -> Schedule:
+        problem = schedule_problem(schedule)
+        if problem:
+            raise ValueError(f"schedule {problem}")
+        return schedule
+
+
 class SpeculationPolicy(BaseModel):
     """What a tenant's requests should get from speculation right now.
 
@@ -110,6 +137,9 @@ class SpeculationPolicy(BaseModel):
     )
     canary: CanarySpec | None = Field(default=None, description="a candidate drafter under test on a share of the traffic")
     capture: CaptureSpec | None = Field(default=None, description="opt-in: mirror a sample of requests for drafter training")
+    probe: ProbeSpec | None = Field(
+        default=None, description="a random share of requests under another schedule: exploration or a hold-out"
+    )
     reason: str = ""
     source: str = "default"  # "default" | "config" | "controller" | "admin"
 
@@ -120,6 +150,29 @@ class SpeculationPolicy(BaseModel):
         if problem:
             raise ValueError(f"schedule {problem}")
         return schedule
+
+    def probe_arm(self) -> "SpeculationPolicy":
+        """What a request drawn into the probe arm follows: the probe's
+        schedule in place of this policy's caps, routed to the probe's
+        profile when it names one (an exploring request must reach a replica
+        that drafts), else as this policy routes. (Without a probe: this policy.)"""
+        probe = self.probe
+        if probe is None:
+            return self
+        return self.model_copy(update={
+            "enabled": True, "max_draft": None, "max_batch": None, "schedule": probe.schedule, "probe": None,
+            "preferred_profile": probe.profile or (None if self.preferred_profile == "off" else self.preferred_profile),
+        })
+
+    def draw(self, u: float) -> "tuple[SpeculationPolicy, str | None]":
+        """(what one request follows, its arm) for a uniform draw `u` in
+        [0, 1): the probe arm below the probe's share ("probe"), else this
+        policy ("policy"; None when there is no probe). Per request, so the
+        arms share the replicas and their steps (the gateway's route stage
+        and the simulator's admission draw alike)."""
+        if self.probe is None:
+            return self, None
+        return (self.probe_arm(), "probe") if u < self.probe.share else (self, "policy")
 
     def behaviour(self) -> tuple:
         """What requests actually get; two policies equal here act the same

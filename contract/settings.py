@@ -353,6 +353,19 @@ class DecisionSettings(_Strict):
         description="batch sizes of the per-tenant batch -> draft-length schedule (specgate_schedule); "
         "null: no schedules, one cap per tenant",
     )
+    explore_share: float = Field(
+        default=0.05, ge=0, le=0.5,
+        description="share of a non-drafting tenant's requests that draft while its evidence is thin (exploration; 0: never)",
+    )
+    explore_evidence_steps: float = Field(
+        default=200.0, ge=0,
+        description="a non-drafting tenant explores while it has fewer effective steps of evidence than this "
+        "(decode steps of its requests allowed to draft, decayed)",
+    )
+    holdout_share: float = Field(
+        default=0.0, ge=0, le=0.5,
+        description="share of a drafting tenant's requests that do not draft, to measure its gain (0: no hold-out)",
+    )
     schedule_dwell_s: float = Field(
         default=60.0, ge=0,
         description="seconds after a tenant's last policy change before a changed schedule replaces the one in "

@@ -18,6 +18,29 @@ can be compared *with a variance*, not just a ratio of sums:
   time from sending the request upstream to its last byte): `timed_requests`,
   `timed_seconds`, `timed_completion_tokens`, so an arm's goodput is its timed
   completion tokens per request-second, unbiased by untimed requests.
+
+A third group measures *how often and how much* a request drafts, which a
+drafter that may not propose (ngram prompt lookup finds no match in most
+steps of sampled text) makes far from "every step, a full block". Counted
+only for requests whose knobs allowed drafting (`draft_allowance` > 0, see
+`RequestSpecStats`): `allowed_decode_steps` (engine steps after the first
+token: completion tokens - accepted drafts - 1), `allowed_spec_steps` (those
+with a proposal), `allowed_draft_tokens` (tokens proposed) and
+`allowed_full_tokens` (spec steps x the allowance: what full-length
+proposals would have drafted). The controller's proposal rate is
+spec / decode steps, its fill drafted / full tokens (`controller.estimators`).
+Both read low where a step capped the request below its allowance (a
+schedule's batch rule); per-request metrics cannot tell such a step from one
+without a proposal.
+
+A fourth group compares a probe's two arms (`contract.policy.ProbeSpec`):
+for requests whose tenant policy carried a probe, the engine's decode time
+(`metrics.generation_time_ms`, vLLM `--enable-per-request-metrics`: first to
+last output token) and the tokens after the first, split by whether the
+request was allowed to draft: `probed_drafting_tokens|seconds`,
+`probed_plain_tokens|seconds`. Both arms ran on the same replica in the same
+steps, so per (tenant, replica) plain seconds per token over drafting seconds
+per token is the tenant's measured gain from drafting.
 """
 
 from __future__ import annotations
@@ -27,6 +50,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from .keys import TELEMETRY_INDEX_KEY as INDEX_KEY
+from .knobs import RequestKnobs
 from .keys import telemetry_counters_key as counters_key
 from .store import Store
 
@@ -44,6 +68,14 @@ COUNTER_FIELDS = (
     "timed_requests",  # requests with a duration_s (set by the gateway)
     "timed_seconds",  # sum of their duration_s
     "timed_completion_tokens",  # their completion tokens
+    "allowed_decode_steps",  # decode steps of requests allowed to draft (draft_allowance > 0)
+    "allowed_spec_steps",  # their steps with a proposal
+    "allowed_draft_tokens",  # their proposed draft tokens
+    "allowed_full_tokens",  # their spec steps x draft_allowance
+    "probed_drafting_tokens",  # under a probe: output tokens after the first of requests allowed to draft
+    "probed_drafting_seconds",  # their engine decode time
+    "probed_plain_tokens",  # under a probe: the same for requests not allowed to draft
+    "probed_plain_seconds",
 )
 
 
@@ -59,6 +91,21 @@ class RequestSpecStats:
     # Seconds from sending the request upstream to its last byte (the gateway
     # measures it; None = not timed, which adds to no timing counter).
     duration_s: float | None = None
+    # The most draft tokens the request could propose in one step: the
+    # replica's K (`num_spec_tokens`) bounded by the request's knobs' largest
+    # cap. None = not known (no knobs or K reported): no proposal-rate counters.
+    draft_allowance: int | None = None
+    # The engine's decode time (first to last output token, seconds; None:
+    # not reported) and whether the tenant's policy carried a probe when the
+    # request was routed (then it is one of the two arms compared).
+    decode_s: float | None = None
+    probed: bool = False
+
+    @property
+    def decode_steps(self) -> int:
+        """Engine steps that emitted this request's tokens after the first
+        (which the prefill step emits): each emits its accepted drafts plus one."""
+        return max(self.completion_tokens - (self.num_accepted_draft_tokens or 0) - 1, self.num_spec_steps or 0, 0)
 
     @property
     def acceptance_length(self) -> float | None:
@@ -68,9 +115,13 @@ class RequestSpecStats:
         return 1.0 + (self.num_accepted_draft_tokens or 0) / self.num_spec_steps
 
     @classmethod
-    def from_response(cls, usage: Any, metrics: Any, duration_s: Any = None) -> "RequestSpecStats":
+    def from_response(
+        cls, usage: Any, metrics: Any, duration_s: Any = None, knobs: RequestKnobs | None = None, probed: bool = False
+    ) -> "RequestSpecStats":
         """Build from an OpenAI `usage` object and vLLM's `metrics` object
-        (and, optionally, the gateway's own measure of the request's duration).
+        (and, optionally, the gateway's own measure of the request's duration
+        and the knobs it sent: with them and the replica's K the request's
+        `draft_allowance` is known).
 
         Replica data is untrusted: a field of the wrong type or sign counts as
         absent rather than failing the request after its response was sent.
@@ -91,6 +142,14 @@ class RequestSpecStats:
                 steps = round(accepted / (mal - 1))
         if accepted is not None and drafted is not None and accepted > drafted:
             accepted = drafted
+        allowance = None
+        k = _count(spec.get("num_spec_tokens"))
+        if knobs is not None and k is not None:
+            cap = knobs.largest_cap()
+            allowance = k if cap is None else min(k, cap)
+        elif knobs is not None and isinstance(metrics, dict) and not spec:
+            allowance = 0  # a replica that does not speculate: the request could not draft
+        generation_ms = _seconds(metrics.get("generation_time_ms")) if isinstance(metrics, dict) else None
         return cls(
             prompt_tokens=_count(usage.get("prompt_tokens")) or 0,
             completion_tokens=_count(usage.get("completion_tokens")) or 0,
@@ -98,6 +157,9 @@ class RequestSpecStats:
             num_draft_tokens=drafted,
             num_accepted_draft_tokens=accepted,
             duration_s=_seconds(duration_s),
+            draft_allowance=allowance,
+            decode_s=None if generation_ms is None else generation_ms / 1000.0,
+            probed=probed,
         )
 
 
@@ -161,6 +223,16 @@ def add_increments(acc: dict[str, float], stats: RequestSpecStats) -> dict[str, 
             acc["al_requests"] = get("al_requests", 0) + 1
             acc["al_sum"] = get("al_sum", 0) + a
             acc["al_sumsq"] = get("al_sumsq", 0) + a * a
+        allowance = stats.draft_allowance
+        if allowance:
+            acc["allowed_decode_steps"] = get("allowed_decode_steps", 0) + stats.decode_steps
+            acc["allowed_spec_steps"] = get("allowed_spec_steps", 0) + steps
+            acc["allowed_draft_tokens"] = get("allowed_draft_tokens", 0) + drafted
+            acc["allowed_full_tokens"] = get("allowed_full_tokens", 0) + steps * allowance
+    if stats.probed and stats.decode_s is not None and stats.draft_allowance is not None and stats.completion_tokens > 1:
+        arm = "probed_drafting" if stats.draft_allowance > 0 else "probed_plain"
+        acc[f"{arm}_tokens"] = get(f"{arm}_tokens", 0) + stats.completion_tokens - 1
+        acc[f"{arm}_seconds"] = get(f"{arm}_seconds", 0) + stats.decode_s
     d = stats.duration_s
     if d is not None and math.isfinite(d) and d >= 0:
         acc["timed_requests"] = get("timed_requests", 0) + 1

@@ -7,9 +7,11 @@ Two time scales on purpose:
   seen within a tick or two, so they are lightly smoothed (EMA, alpha 0.6).
 * Acceptance is a property of the tenant's workload and drafter; it is noisy
   per request and must not chase that noise, so per-tenant acceptance uses
-  decayed sums with a ~5-minute half-life and is shrunk toward the fleet mean
-  by a pseudo-count (empirical-Bayes style): a tenant with ten requests gets
-  mostly the fleet's value, one with ten thousand gets its own.
+  decayed sums with a ~5-minute half-life and is shrunk toward a weak prior
+  for the method by a pseudo-count: a tenant with ten requests gets mostly
+  the prior, one with ten thousand gets its own. Never toward the fleet
+  mean: that is other tenants' text, which may draft very differently. The
+  same holds for how often and how fully a tenant proposes (ngram).
 """
 
 from __future__ import annotations
@@ -17,10 +19,24 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from .acceptance_fit import expected_accepted, fit_conditional_acceptance
+from .acceptance_fit import (
+    ACCEPTANCE_PRIOR,
+    PRIOR_DECODE_STEPS,
+    PRIOR_FULL_TOKENS,
+    PROPOSAL_PRIOR,
+    Proposal,
+    expected_accepted,
+    fit_conditional_acceptance,
+    method_acceptance_prior,
+)
 from .costs import ReplicaCost, parse_profile
-from .decision import ReplicaInput, TenantView
+from .decision import MeasuredGain, ReplicaInput, TenantView
 from .signals import ReplicaSample, TenantSample
+
+
+# Decoded tokens (decayed) each arm of a probe needs on a replica before the
+# two are compared there: about two 64-token requests.
+MIN_ARM_TOKENS = 100.0
 
 
 def _decay(half_life_s: float, dt_s: float) -> float:
@@ -157,10 +173,43 @@ class _TenantSums:
     prompt: float = 0.0
     requests: float = 0.0
     by_replica: dict[str, float] = field(default_factory=dict)  # decayed completion tokens (routing mix)
+    # Proposal evidence of requests allowed to draft (contract.telemetry's allowed_* counters).
+    decode_steps: float = 0.0
+    proposal_steps: float = 0.0
+    proposal_drafted: float = 0.0
+    proposal_full: float = 0.0
+
+    def scale(self, d: float) -> None:
+        self.steps *= d
+        self.drafted *= d
+        self.accepted *= d
+        self.decode_steps *= d
+        self.proposal_steps *= d
+        self.proposal_drafted *= d
+        self.proposal_full *= d
+
+    def add(self, smp: TenantSample, verify_ratio: float) -> None:
+        self.steps += smp.get("num_spec_steps")
+        self.drafted += smp.get("num_draft_tokens") * verify_ratio
+        self.accepted += smp.get("num_accepted_draft_tokens")
+        self.decode_steps += smp.get("allowed_decode_steps")
+        self.proposal_steps += smp.get("allowed_spec_steps")
+        self.proposal_drafted += smp.get("allowed_draft_tokens")
+        self.proposal_full += smp.get("allowed_full_tokens")
+
+
+def _shrunk(s: _TenantSums, prior: float, n0: float) -> float:
+    """The conditional acceptance fitted to `s` plus `n0` pseudo-steps at
+    `prior`, drafted like `s`'s own steps (4 tokens a step without any)."""
+    per_step_d = s.drafted / s.steps if s.steps > 0 and s.drafted > 0 else 4.0
+    a = fit_conditional_acceptance(
+        s.steps + n0, s.drafted + n0 * per_step_d, s.accepted + n0 * expected_accepted(prior, per_step_d)
+    )
+    return prior if a is None else a
 
 
 class TenantEstimator:
-    """Per-tenant decayed acceptance, shrunk toward the fleet mean; kept per
+    """Per-tenant decayed acceptance, shrunk toward a weak prior; kept per
     speculation method as well (`method_acceptance`), because one tenant's
     text is accepted at very different rates by an ngram lookup and by a
     trained drafter."""
@@ -171,19 +220,21 @@ class TenantEstimator:
         self.prior_steps = prior_steps
         self.sums: dict[str, _TenantSums] = {}
         self.method_sums: dict[tuple[str, str], _TenantSums] = {}  # (tenant, method) -> acceptance sums
-        self.fleet_prior = 0.7  # conditional acceptance before any data at all (a trained drafter)
+        # (tenant, replica) -> decayed [drafting tokens, drafting s, plain tokens, plain s] of a probe's arms
+        self.arm_sums: dict[tuple[str, str], list[float]] = {}
+        self.fleet_prior = ACCEPTANCE_PRIOR  # conditional acceptance before any data at all (a trained drafter)
 
     def decay(self, dt_s: float) -> None:
         d = _decay(self.half_life_s, dt_s)
         dm = _decay(self.mix_half_life_s, dt_s)
         for s in self.method_sums.values():
-            s.steps *= d
-            s.drafted *= d
-            s.accepted *= d
+            s.scale(d)
+        for key in list(self.arm_sums):
+            arms = self.arm_sums[key] = [v * d for v in self.arm_sums[key]]
+            if arms[0] + arms[2] < 1e-3:
+                del self.arm_sums[key]
         for s in self.sums.values():
-            s.steps *= d
-            s.drafted *= d
-            s.accepted *= d
+            s.scale(d)
             s.completion *= d
             s.prompt *= d
             s.requests *= d
@@ -203,65 +254,84 @@ class TenantEstimator:
         methods = methods or {}
         for smp in samples:
             method = methods.get(smp.replica)
-            if method and method != "off" and smp.get("num_spec_steps") > 0:
-                ms = self.method_sums.setdefault((smp.tenant, method), _TenantSums())
-                ms.steps += smp.get("num_spec_steps")
-                ms.drafted += smp.get("num_draft_tokens") * verify_ratio.get(smp.replica, 1.0)
-                ms.accepted += smp.get("num_accepted_draft_tokens")
+            ratio = verify_ratio.get(smp.replica, 1.0)
+            if method and method != "off" and (smp.get("num_spec_steps") > 0 or smp.get("allowed_decode_steps") > 0):
+                # (a request allowed to draft that never proposed is evidence of the proposal rate)
+                self.method_sums.setdefault((smp.tenant, method), _TenantSums()).add(smp, ratio)
+            arms = [smp.get(f"probed_{arm}_{unit}") for arm in ("drafting", "plain") for unit in ("tokens", "seconds")]
+            if any(arms):
+                acc = self.arm_sums.setdefault((smp.tenant, smp.replica), [0.0] * 4)
+                self.arm_sums[(smp.tenant, smp.replica)] = [a + b for a, b in zip(acc, arms)]
             s = self.sums.setdefault(smp.tenant, _TenantSums())
-            s.steps += smp.get("num_spec_steps")
-            s.drafted += smp.get("num_draft_tokens") * verify_ratio.get(smp.replica, 1.0)
-            s.accepted += smp.get("num_accepted_draft_tokens")
+            s.add(smp, ratio)
             s.completion += smp.get("completion_tokens")
             s.prompt += smp.get("prompt_tokens")
             s.requests += smp.get("requests")
             s.by_replica[smp.replica] = s.by_replica.get(smp.replica, 0.0) + smp.get("completion_tokens")
 
-    def fleet(self) -> tuple[float, float, float]:
-        steps = sum(s.steps for s in self.sums.values())
-        drafted = sum(s.drafted for s in self.sums.values())
-        accepted = sum(s.accepted for s in self.sums.values())
-        return steps, drafted, accepted
-
-    def fleet_acceptance(self) -> float:
-        a = fit_conditional_acceptance(*self.fleet())
-        return self.fleet_prior if a is None else a
-
     def acceptance(self, tenant: str) -> tuple[float, float]:
-        """(shrunk conditional acceptance, effective steps of evidence)."""
-        f_steps, f_drafted, f_accepted = self.fleet()
+        """(shrunk conditional acceptance, effective steps of evidence): the
+        tenant's own drafted and accepted sums plus `prior_steps` pseudo-steps
+        at the prior (a trained drafter's), drafted like its own steps. Never
+        toward the fleet: a tenant with little evidence beside one that
+        dominates the traffic (sampled chat beside greedy code) took that
+        tenant's acceptance and kept drafting where it cost it 16 %.
+
+        Evidence counts decode steps of requests allowed to draft (speculation
+        steps where the telemetry predates those counters): what drafting
+        yields a tenant per step is known as well from steps in which it found
+        nothing to propose as from those it did -- sampled text that ngram
+        rarely proposes for is well measured, not thin."""
         s = self.sums.get(tenant)
-        if f_steps > 0:
-            per_step_d, per_step_a = f_drafted / f_steps, f_accepted / f_steps
-        else:
-            per_step_d, per_step_a = 4.0, 4.0 * self.fleet_prior
-        n0 = self.prior_steps
         if s is None:
-            return self.fleet_acceptance(), 0.0
-        a = fit_conditional_acceptance(s.steps + n0, s.drafted + n0 * per_step_d, s.accepted + n0 * per_step_a)
-        return (self.fleet_acceptance() if a is None else a), s.steps
+            return self.fleet_prior, 0.0
+        return _shrunk(s, self.fleet_prior, self.prior_steps), max(s.steps, s.decode_steps)
 
     def method_acceptance(self, tenant: str) -> dict[str, float]:
         """{method: the tenant's acceptance on that method}, each shrunk toward
-        the method's fleet mean (or, for a method with too little fleet data,
-        toward the tenant's overall estimate); only methods it has data on."""
+        the method's weak prior (`acceptance_fit.method_acceptance_prior`),
+        never toward other tenants; only methods it has data on."""
         out: dict[str, float] = {}
         for (t, method), s in self.method_sums.items():
-            if t != tenant or s.steps <= 0:
-                continue
-            fleet = [v for (_, m), v in self.method_sums.items() if m == method]
-            f_steps = sum(v.steps for v in fleet)
-            f_a = fit_conditional_acceptance(f_steps, sum(v.drafted for v in fleet), sum(v.accepted for v in fleet))
-            if f_a is None:
-                f_a = self.acceptance(tenant)[0]
-            per_step_d = sum(v.drafted for v in fleet) / f_steps
-            n0 = self.prior_steps
-            # Pseudo-counts at the method's fleet acceptance, drafted like its fleet.
-            pseudo_acc = n0 * expected_accepted(f_a, per_step_d)
-            a = fit_conditional_acceptance(s.steps + n0, s.drafted + n0 * per_step_d, s.accepted + pseudo_acc)
-            if a is not None:
-                out[method] = a
+            if t == tenant and s.steps > 0:
+                out[method] = _shrunk(s, method_acceptance_prior(method), self.prior_steps)
         return out
+
+    def method_proposal(self, tenant: str) -> dict[str, Proposal]:
+        """{method: how often and how fully the tenant proposes there}, for
+        the methods that may not propose (`acceptance_fit.PROPOSAL_PRIOR`):
+        its own decode steps, shrunk toward the method's weak prior -- never
+        toward other tenants, whose text may propose at a very different
+        rate (greedy code against sampled chat). Methods it has no evidence
+        on are left to the prior (`GoodputModel.proposal`)."""
+        out: dict[str, Proposal] = {}
+        for (t, method), s in self.method_sums.items():
+            prior = PROPOSAL_PRIOR.get(method)
+            if t != tenant or prior is None or s.decode_steps <= 0:
+                continue
+            rate = (s.proposal_steps + PRIOR_DECODE_STEPS * prior.rate) / (s.decode_steps + PRIOR_DECODE_STEPS)
+            fill = (s.proposal_drafted + PRIOR_FULL_TOKENS * prior.fill) / (s.proposal_full + PRIOR_FULL_TOKENS)
+            out[method] = Proposal(min(1.0, rate), min(1.0, fill))
+        return out
+
+    def measured_gain(self, tenant: str, min_tokens: float = MIN_ARM_TOKENS) -> MeasuredGain | None:
+        """The tenant's gain from drafting as its probe's two arms measured it:
+        per replica where both arms have `min_tokens` decoded tokens (decayed),
+        plain seconds per token over drafting seconds per token -- the arms ran
+        on that replica in the same steps -- combined across replicas as a
+        geometric mean weighted by the smaller arm. None: no such replica."""
+        log_sum = weight = drafting = plain = 0.0
+        for (t, _), (d_tok, d_s, p_tok, p_s) in self.arm_sums.items():
+            if t != tenant or d_tok < min_tokens or p_tok < min_tokens or d_s <= 0 or p_s <= 0:
+                continue
+            w = min(d_tok, p_tok)
+            log_sum += w * math.log((p_s / p_tok) / (d_s / d_tok))
+            weight += w
+            drafting += d_tok
+            plain += p_tok
+        if weight <= 0:
+            return None
+        return MeasuredGain(math.exp(log_sum / weight), drafting, plain)
 
     def prefill_ratio(self) -> float | None:
         """Prompt tokens per generated token over finished requests: the
@@ -290,7 +360,8 @@ class TenantEstimator:
             if s and s.by_replica:
                 total = sum(s.by_replica.values())
                 shares = {r: v / total for r, v in s.by_replica.items() if total > 0}
-            out.append(TenantView(t, a, n, tpot_targets.get(t), shares, self.method_acceptance(t)))
+            out.append(TenantView(t, a, n, tpot_targets.get(t), shares, self.method_acceptance(t), self.method_proposal(t),
+                                  self.measured_gain(t)))
         return out
 
     def replica_mix(self) -> dict[str, dict[str, float]]:

@@ -60,6 +60,18 @@ class ControllerMetrics:
             ["tenant"],
             registry=r,
         )
+        self.measured_gain = Gauge(
+            "specgate_controller_tenant_measured_gain",
+            "A tenant's gain from drafting as its probe's two arms measured it: non-drafting over drafting engine "
+            "time per output token, same replicas and steps (top-N tenants with a probe and enough tokens in both arms)",
+            ["tenant"], registry=r,
+        )
+        self.predicted_gain = Gauge(
+            "specgate_controller_tenant_predicted_gain",
+            "The model's prediction of specgate_controller_tenant_measured_gain: tokens per step of a request "
+            "drafting at the arm's cap",
+            ["tenant"], registry=r,
+        )
         self.rho = Gauge("specgate_controller_replica_rho", "Compute-bound index tokens/step / knee", ["replica"], registry=r)
         self.batch = Gauge("specgate_controller_replica_batch", "Smoothed running requests", ["replica"], registry=r)
         self.al = Gauge("specgate_controller_replica_acceptance_length", "Measured acceptance length", ["replica"], registry=r)
@@ -119,7 +131,8 @@ class ControllerMetrics:
             outcome = "hold" if not rec.changed else ("on" if p.enabled else "off")
             self.decisions.labels(outcome).inc()
         top = set(sorted(traffic, key=lambda t: -traffic[t])[: self.top_n]) | {"*"}
-        for gauge in (self.enabled, self.max_draft, self.max_batch, self.schedule, self.min_conf, self.acceptance):
+        for gauge in (self.enabled, self.max_draft, self.max_batch, self.schedule, self.min_conf, self.acceptance,
+                      self.measured_gain, self.predicted_gain):
             gauge.clear()
         for rec in decision.records:
             if rec.tenant not in top:
@@ -132,6 +145,11 @@ class ControllerMetrics:
             for max_batch, draft in p.schedule or ():
                 self.schedule.labels(rec.tenant, str(max_batch)).set(draft)
             self.acceptance.labels(rec.tenant).set(rec.numbers.get("acceptance") or 0.0)
+            gain = rec.numbers.get("measured_gain")
+            if gain:
+                self.measured_gain.labels(rec.tenant).set(gain["measured"])
+                if gain["predicted"] is not None:
+                    self.predicted_gain.labels(rec.tenant).set(gain["predicted"])
         for gauge in (self.rho, self.batch, self.al, self.goodput, self.plan, self.plan_gain):
             gauge.clear()
         for name, reg in decision.replicas.items():

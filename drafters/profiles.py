@@ -106,16 +106,19 @@ def vllm_launch_args(
 ) -> list[str]:
     """argv for ``vllm serve`` running ``target_model`` under ``profile``.
 
-    Speculative profiles add ``--speculative-config`` and
-    ``--per-request-spec-decode-metrics summary`` (the per-request
-    ``metrics.speculative_decoding`` the gateway records per tenant).
+    Speculative profiles add ``--speculative-config``,
+    ``--enable-per-request-metrics`` and ``--per-request-spec-decode-metrics
+    summary`` (the per-request decode time and ``metrics.speculative_decoding``
+    the gateway records per tenant).
     """
     argv = [*executable, target_model]
     cfg = speculative_config(profile, drafter_path, prompt_lookup_min=prompt_lookup_min,
                              prompt_lookup_max=prompt_lookup_max)
     if cfg is not None:
         argv += ["--speculative-config", json.dumps(cfg, separators=(",", ":"))]
-        argv += ["--per-request-spec-decode-metrics", "summary"]
+        # Per request: the engine's decode time (`metrics.generation_time_ms`, what a probe's two arms
+        # are compared by) and `metrics.speculative_decoding` (what the gateway records per tenant).
+        argv += ["--enable-per-request-metrics", "--per-request-spec-decode-metrics", "summary"]
     return argv + list(extra_args or [])
 
 

@@ -52,7 +52,8 @@ class RequestContext:
     reserved_live: bool = False  # a budget reservation exists that must be settled or refunded
 
     # -- route ---------------------------------------------------------
-    policy: SpeculationPolicy | None = None
+    policy: SpeculationPolicy | None = None  # what this request follows: the tenant's policy, or its probe arm
+    probe: str | None = None  # the tenant's policy has a probe: "probe" (this request drawn into it) or "policy"
     capture: CapturePlan | None = None  # a capture candidate (gateway.capture): ids are asked of the replica
 
     # -- relay ---------------------------------------------------------

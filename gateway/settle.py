@@ -14,6 +14,7 @@ import asyncio
 import logging
 import time
 
+from contract.knobs import STOCK, RequestKnobs, merged_xargs, parse_knobs
 from contract.telemetry import RequestSpecStats
 
 from .asgi_io import ClientGone, send_error
@@ -44,7 +45,9 @@ def account(state: RequestPathState, ctx: RequestContext) -> None:
     # The replica's time for the request (from the attempt that answered to its last byte): the
     # rollout's goodput per request. A continued stream had several replicas, so it is not timed.
     duration_s = _perf() - (ctx.t_upstream or ctx.t0) if not ctx.parts else None
-    stats = RequestSpecStats.from_response(usage, ctx.spec_metrics, duration_s=duration_s)
+    stats = RequestSpecStats.from_response(
+        usage, ctx.spec_metrics, duration_s=duration_s, knobs=sent_knobs(ctx), probed=ctx.probe is not None
+    )
     if ctx.reserved_live:
         state.accounting.settle(tenant, ctx.reserved, stats.prompt_tokens + stats.completion_tokens)
     metrics = state.metrics
@@ -55,6 +58,19 @@ def account(state: RequestPathState, ctx: RequestContext) -> None:
         _record(state, ctx, replica_name, part)
     if ctx.capture is not None:
         _capture(state, ctx, usage)
+
+
+def sent_knobs(ctx: RequestContext) -> RequestKnobs | None:
+    """The knobs the answering replica applied to the request (None: no
+    replica answered): what the gateway sent it where it honours knobs, stock
+    where it does not (it then drafts its full K whatever was asked)."""
+    replica = ctx.replica
+    if replica is None:
+        return None
+    if not replica.supports_knobs:
+        return STOCK
+    xargs = merged_xargs(ctx.client_xargs, ctx.policy, replica.ext_knobs) if ctx.policy is not None else ctx.client_xargs
+    return parse_knobs(xargs)
 
 
 def _capture(state: RequestPathState, ctx: RequestContext, usage: dict) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import math
+import random
 import time
 from typing import Any
 
@@ -177,7 +178,7 @@ def store_unavailable(retry_after_s: float) -> GatewayError:
 def route(state: RequestPathState, ctx: RequestContext) -> list:
     """Replicas to try, best first (503 when none is routable)."""
     g = state.settings.gateway
-    ctx.policy = state.policy_view.for_tenant(ctx.tenant.id)
+    ctx.policy, ctx.probe = state.policy_view.for_tenant(ctx.tenant.id).draw(random.random())
     traced = ctx.root is not None
     if traced:
         ctx.t_route_start_ns = _now_ns()

@@ -43,11 +43,21 @@ def policy_knobs(policy: Mapping[str, Any], short: bool = False) -> list[str]:
             if policy.get(key) not in (None, "")]
 
 
+def probe_label(policy: Mapping[str, Any]) -> str | None:
+    """A probe as "probe 5% S=6:8" (a share of requests under that schedule), or None."""
+    probe = policy.get("probe")
+    if not probe:
+        return None
+    return f"probe {probe['share']:.0%} S={_value('schedule', probe['schedule'])}"
+
+
 def policy_label(policy: Mapping[str, Any] | None) -> str:
-    """Short: "off", "on", "on k<=2 B<=4", "?" for no policy."""
+    """Short: "off", "on", "on k<=2 B<=4", "off + probe 5% S=6:8", "?" for no policy."""
     if not policy:
         return "?"
-    return " ".join(["on", *policy_knobs(policy, short=True)]) if speculating(policy) else "off"
+    label = " ".join(["on", *policy_knobs(policy, short=True)]) if speculating(policy) else "off"
+    probe = probe_label(policy)
+    return label if probe is None else f"{label} + {probe}"
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:

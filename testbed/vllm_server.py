@@ -159,7 +159,7 @@ class VllmServerSpec:
         if self.speculative_config is not None:
             cmd += ["--speculative-config", json.dumps(self.speculative_config)]
             if self.per_request_spec_metrics:
-                cmd += ["--per-request-spec-decode-metrics", self.per_request_spec_metrics]
+                cmd += ["--enable-per-request-metrics", "--per-request-spec-decode-metrics", self.per_request_spec_metrics]
         return cmd + list(self.extra_args)
 
     def environment(self) -> dict[str, str]:

@@ -54,6 +54,7 @@ from .goodput import (
     run_batch,
 )
 from .optimizer import Optimizer, Plan, TenantProposal
+from .probe import drafts, predicted_gain, tenant_probe
 from .schedule import tenant_schedules
 from .threshold import LoadThresholds, spec_max_batch
 from .views import (
@@ -62,6 +63,7 @@ from .views import (
     CostFn,
     Decision,
     DecisionRecord,
+    MeasuredGain,
     ReplicaInput,
     ReplicaRegime,
     TenantState,
@@ -125,17 +127,21 @@ def decide(
         policy = assembly.tenant_policy(ctx, verdict, proposal, ov, theta, max_batch, tenant_rho, view.acceptance,
                                         schedule)  # fmt: skip
         policy = assembly.carry(policy, carried.get(t), prev.policy)
+        policy = policy.model_copy(update={"probe": tenant_probe(ctx, model, t, policy, prev.policy, cfg)})
         changed = hysteresis.policy_changed(prev, policy)
         new_state[t] = hysteresis.remember(prev, verdict, policy, theta, theta_ema, changed, now)
         policies[t] = policy
         tpot = opt.tpot_ms(choice, t, {**ctx.thetas, t: theta})
-        records.append(assembly.record(now, changed, policy, verdict, proposal, view, theta, theta_star, tenant_rho, tpot))
+        drafting_cap = k if drafts(policy) else max((r.block for r in ctx.homes[t]), default=0)
+        predicted = predicted_gain(ctx, model, t, choice, drafting_cap) if view.measured_gain is not None else None
+        records.append(assembly.record(now, changed, policy, verdict, proposal, view, theta, theta_star, tenant_rho, tpot,
+                                       predicted))  # fmt: skip
 
     return Decision(policies, new_state, records, replica_regimes(ctx, model, new_state, cfg))
 
 
 __all__ = [
-    "FULL", "Carried", "plan_profiles", "CostFn", "Decision", "DecisionConfig", "DecisionRecord", "FleetContext", "GoodputModel",
+    "FULL", "Carried", "MeasuredGain", "plan_profiles", "CostFn", "Decision", "DecisionConfig", "DecisionRecord", "FleetContext", "GoodputModel",
     "LoadThresholds", "Optimizer", "Plan", "ReplicaEval", "ReplicaInput", "ReplicaRegime", "TenantProposal",
     "TenantState", "TenantView", "cap_label", "confidence_floor", "decide", "downtime_loss", "effective_cap",
     "fleet_context", "fleet_plan", "marginal_theta", "operating_rho", "regime_label", "replica_load", "run_batch",

@@ -100,6 +100,7 @@ def tenant_policy(
 def record(
     now: float, changed: bool, policy: SpeculationPolicy, v: Verdict, p: TenantProposal, view: TenantView,
     theta: float | None, theta_star: float, rho: dict[str, float], tpot_ms: float,
+    predicted_gain: float | None = None,
 ) -> DecisionRecord:
     numbers = {
         "k": cap_label(v.chosen),
@@ -108,6 +109,10 @@ def record(
         "theta_star": theta_star or None,  # the floor's marginal-cost value, published only when it pays
         "acceptance": round(view.acceptance, 4),
         "evidence_steps": round(view.evidence_steps, 1),
+        # Per method that may not propose (ngram): the measured share of decode steps with a
+        # proposal and the share of the allowance proposed (`TenantEstimator.method_proposal`).
+        "proposal": {m: {"rate": round(q.rate, 4), "fill": round(q.fill, 4)} for m, q in sorted(view.proposal.items())}
+        or None,
         "gain_vs_off": round(gain_vs_off(v, p), 4),
         "improvement": None if math.isinf(v.improvement) else round(v.improvement, 4),
         "traffic_share": round(p.share, 4),
@@ -120,5 +125,13 @@ def record(
         "pending": [cap_label(v.pending_k), v.pending_count] if v.pending_k is not None else None,
         "max_batch": policy.max_batch,
         "schedule": [list(pair) for pair in policy.schedule] if policy.schedule is not None else None,
+        # A probe's two arms (controller/decision/probe.py): their measured ratio of time per output
+        # token beside the model's prediction for a request drafting at the arm's cap.
+        "measured_gain": None if view.measured_gain is None else {
+            "measured": round(view.measured_gain.gain, 4),
+            "predicted": None if predicted_gain is None else round(predicted_gain, 4),
+            "drafting_tokens": round(view.measured_gain.drafting_tokens, 1),
+            "plain_tokens": round(view.measured_gain.plain_tokens, 1),
+        },
     }
     return DecisionRecord(p.tenant, now, changed, policy, policy.reason, numbers)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from contract.policy import DEFAULT_TENANT
 
+from ..acceptance_fit import Proposal
 from .config import DecisionConfig
 from .goodput import GoodputModel, run_batch
 from .views import FULL, ReplicaInput, TenantState, TenantView
@@ -27,6 +28,7 @@ class FleetContext:
     tenants: dict[str, TenantView]  # every tenant decided this tick, the default tenant included
     acc: dict[str, float]  # tenant -> conditional acceptance
     method_acc: dict[str, dict[str, float]]  # tenant -> method -> conditional acceptance on that method
+    proposal: dict[str, dict[str, Proposal]]  # tenant -> method -> measured proposal rate and fill
     fleet_a: float  # the default tenant's acceptance (tenants without an estimate)
     current: dict[str, int]  # tenant -> cap in force (unknown -> largest cap)
     thetas: dict[str, float | None]  # tenant -> confidence floor in force
@@ -37,7 +39,7 @@ class FleetContext:
     profiles: frozenset[str] = frozenset()
 
     def goodput_model(self) -> GoodputModel:
-        return GoodputModel(self.acc, self.fleet_a, self.thetas, self.off_pool, self.method_acc)
+        return GoodputModel(self.acc, self.fleet_a, self.thetas, self.off_pool, self.method_acc, self.proposal)
 
 
 def fleet_acceptance(tenants: list[TenantView]) -> float:
@@ -81,6 +83,7 @@ def fleet_context(
         tenants=views,
         acc={t: v.acceptance for t, v in views.items()},
         method_acc={t: dict(v.by_method) for t, v in views.items() if v.by_method},
+        proposal={t: dict(v.proposal) for t, v in views.items() if v.proposal},
         fleet_a=views[DEFAULT_TENANT].acceptance,
         current=current,
         thetas={t: (state[t].theta if t in state else None) for t in views},

@@ -8,8 +8,10 @@ once per `decide()`; `with_thetas` / `replace` give the variants the floor
 check and the fleet plan ask about) and answers `evaluate(rep, choice)`.
 
 Model. Replica r runs a batch of B_r requests whose tenants have conditional
-per-position acceptance a_t (see `acceptance_fit`). If tenant t drafts L_t
-tokens per step, one engine step verifies n_r = B_r * sum_t mix_rt * (1 + L_t)
+per-position acceptance a_t (see `acceptance_fit`). If tenant t may draft L_t
+tokens per step and proposes in a share p_t of its steps, f_t * L_t tokens on
+average (`acceptance_fit.Proposal`: measured for ngram, 1 and 1 for a trained
+drafter), one engine step verifies n_r = B_r * sum_t mix_rt * (1 + p_t f_t L_t)
 tokens, emits B_r * sum_t mix_rt * tau_t(L_t) tokens and takes T_r(B_r, n_r)
 seconds (the replica's step curve with the drafter's pass; on a knob-capable
 replica the pass is paid by the steps that hold a drafting request, a share
@@ -24,7 +26,7 @@ from typing import NamedTuple
 
 from contract.policy import DEFAULT_TENANT
 
-from ..acceptance_fit import draft_length, tokens_per_step
+from ..acceptance_fit import Proposal, draft_length, method_proposal
 from .views import ReplicaInput
 
 
@@ -82,6 +84,7 @@ class GoodputModel:
     thetas: Mapping[str, float | None] = field(default_factory=dict)  # tenant -> confidence floor
     off_pool: bool = False  # a k=0 tenant is routed to an `off` replica
     method_acc: Mapping[str, Mapping[str, float]] = field(default_factory=dict)  # tenant -> method -> a
+    proposal: Mapping[str, Mapping[str, Proposal]] = field(default_factory=dict)  # tenant -> method -> measured
 
     def acceptance(self, tenant: str, method: str) -> float:
         """The tenant's acceptance on a replica of `method` (its own on that
@@ -90,6 +93,12 @@ class GoodputModel:
         if by_method and method in by_method:
             return by_method[method]
         return self.acc.get(tenant, self.fleet_a)
+
+    def proposes(self, tenant: str, method: str) -> Proposal:
+        """How often and how fully the tenant proposes on a replica of
+        `method`: measured where it has evidence there, else the method's
+        prior (a trained drafter always proposes its cap)."""
+        return self.proposal.get(tenant, {}).get(method) or method_proposal(method)
 
     def with_thetas(self, thetas: Mapping[str, float | None]) -> GoodputModel:
         return replace(self, thetas=thetas)
@@ -111,11 +120,12 @@ class GoodputModel:
         mix = rep.mix or {DEFAULT_TENANT: 1.0}
         total = sum(mix.values()) or 1.0
         default_k = choice.get(DEFAULT_TENANT, 0)
-        rows = []  # (tenant, weight, a, cap, floor)
+        rows = []  # (tenant, weight, a, cap, floor, proposal)
         for tenant, weight in mix.items():
             w = weight / total
             cap = effective_cap(rep, choice.get(tenant, default_k))
-            rows.append((tenant, w, self.acceptance(tenant, rep.method), cap, self.thetas.get(tenant)))
+            rows.append((tenant, w, self.acceptance(tenant, rep.method), cap, self.thetas.get(tenant),
+                         self.proposes(tenant, rep.method)))
         # vLLM drafts batch-wide: on a speculative replica the drafter proposes a
         # full block for every decoding request whatever the per-request caps
         # (a cap of 0 saves verification, not drafting). Two ways out: with an off
@@ -132,9 +142,9 @@ class GoodputModel:
         # drafts; at light load a small tenant's drafts cost only its own steps.
         phi = 1.0
         if self.off_pool:
-            drafting = sum(w for _, w, _, cap, _ in rows if cap > 0)
+            drafting = sum(w for _, w, _, cap, _, _ in rows if cap > 0)
         elif rep.supports_knobs:
-            drafting_weight = min(1.0, sum(w for _, w, _, cap, _ in rows if cap > 0))
+            drafting_weight = min(1.0, sum(w for _, w, _, cap, _, _ in rows if cap > 0))
             drafting = 1.0 if drafting_weight > 0 else 0.0
             phi = 1.0 - (1.0 - drafting_weight) ** batch
         else:
@@ -155,11 +165,11 @@ class GoodputModel:
         def at_limit(limit: int) -> tuple[float, float, float, dict[str, float]]:
             tokens = verify = 0.0
             taus: dict[str, float] = {}
-            for tenant, w, a, cap, floor in rows:
+            for tenant, w, a, cap, floor, proposal in rows:
                 length = draft_length(a, min(cap, limit), floor if rep.adaptive else None)
-                taus[tenant] = tokens_per_step(a, length)
+                taus[tenant] = proposal.tokens(a, length)
                 tokens += w * taus[tenant]
-                verify += w * (1 + length)
+                verify += w * (1 + proposal.drafted(length))
             n = batch * verify
             prefill = rep.prefill_ratio * batch * tokens  # mean prompt tokens per step
             step = step_time(n)

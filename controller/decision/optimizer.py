@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 from contract.overrides import TenantOverride
 from contract.policy import DEFAULT_TENANT
 
-from ..acceptance_fit import draft_length, tokens_per_step
+from ..acceptance_fit import draft_length
 from .config import DecisionConfig
 from .context import FleetContext
 from .goodput import GoodputModel, effective_cap, run_batch
@@ -120,7 +120,8 @@ class Optimizer:
         total = 0.0
         for rep in reps:
             _, step, _, taus = model.evaluate(rep, choice)
-            tau = taus.get(t) or tokens_per_step(acc[t], draft_length(acc[t], effective_cap(rep, choice[t]), model.thetas.get(t)))
+            tau = taus.get(t) or model.proposes(t, rep.method).tokens(
+                acc[t], draft_length(acc[t], effective_cap(rep, choice[t]), model.thetas.get(t)))
             total += (weights[rep.name] if sum(weights.values()) else 1.0) * step / tau
         return 1000.0 * total / norm
 

@@ -18,6 +18,8 @@ from typing import Protocol
 from contract.policy import CanarySpec, CaptureSpec, SpeculationPolicy
 from contract.profiles import parse_profile
 
+from ..acceptance_fit import Proposal
+
 
 class CostFn(Protocol):
     """Step time of one replica (seconds) — see controller/costs.py."""
@@ -77,6 +79,17 @@ class ReplicaInput:
 
 
 @dataclass(frozen=True)
+class MeasuredGain:
+    """A tenant's gain from drafting as a probe's two arms measured it
+    (`TenantEstimator.measured_gain`): the non-drafting arm's engine time per
+    output token over the drafting arm's, and the (decayed) tokens behind each."""
+
+    gain: float
+    drafting_tokens: float
+    plain_tokens: float
+
+
+@dataclass(frozen=True)
 class TenantView:
     tenant: str
     acceptance: float  # conditional per-position acceptance a (shrunk estimate)
@@ -88,6 +101,11 @@ class TenantView:
     # different shares of one tenant's tokens. Methods without data fall back to
     # `acceptance`.
     by_method: dict[str, float] = field(default_factory=dict)
+    # Method -> how often and how fully the tenant proposes there, for methods
+    # that may not propose (ngram); measured in its decode steps
+    # (`TenantEstimator.method_proposal`). Missing: the method's prior.
+    proposal: dict[str, Proposal] = field(default_factory=dict)
+    measured_gain: MeasuredGain | None = None  # from a probe's arms; None without one
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from contract.knobs import parse_knobs
+from contract.knobs import RequestKnobs, parse_knobs
 from contract.telemetry import COUNTER_FIELDS, RequestSpecStats, add_increments
 from contract.vllm_metrics import VllmMetricsSnapshot
 
@@ -314,7 +314,7 @@ class Simulation:
                 eng = self.engines[name]
                 for er in out.finished:
                     tr = self._trace_of.pop(id(er))
-                    self._record_tenant(er, name, eng.profile.speculative)
+                    self._record_tenant(er, name, eng.profile.speculative, eng.profile.block_size)
                     records.append(RequestRecord(
                         tr.id, er.tenant, er.workload, name, er.arrival_s, er.first_token_s or er.finish_s,
                         er.finish_s, er.prompt_tokens, er.output, er.spec_steps, er.draft_tokens,
@@ -355,14 +355,17 @@ class Simulation:
         return SimReport((warmup_s, until_s), records, out_tokens, int(drafts), int(accepted), int(dtoks), timeline,
                          per_rep)
 
-    def _record_tenant(self, er: EngineRequest, replica: str, speculative: bool) -> None:
+    def _record_tenant(self, er: EngineRequest, replica: str, speculative: bool, block: int) -> None:
         """The gateway's telemetry for one finished request: ``increments_for`` of what the
-        response reported (``metrics.speculative_decoding`` only from speculative replicas)."""
+        response reported (``metrics.speculative_decoding`` only from speculative replicas)
+        and the draft allowance the gateway knows from the knobs it sent (the engine honours them)."""
+        cap = RequestKnobs(max_draft=er.max_draft, max_batch=er.max_batch, schedule=er.schedule).largest_cap()
         stats = RequestSpecStats(
             prompt_tokens=er.prompt_tokens, completion_tokens=er.output,
             num_spec_steps=er.spec_steps if speculative else None,
             num_draft_tokens=er.draft_tokens if speculative else None,
             num_accepted_draft_tokens=er.accepted_tokens if speculative else None,
+            draft_allowance=(block if cap is None else min(block, cap)) if speculative else None,
         )
         c = self.tenant_counters.get((er.tenant, replica))
         if c is None:

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from contract.knobs import (
     MAX_DRAFT_KEY,
     SCHEDULE_KEY,
+    STOCK,
     KnobError,
     RequestKnobs,
     cap_at,
@@ -124,3 +125,13 @@ def test_a_client_schedule_only_lowers_the_policys_pointwise():
         SCHEDULE_KEY: [8, 4], "specgate_max_draft": 2}
     # The schedule is only sent to replicas that advertise it.
     assert SCHEDULE_KEY not in merged_xargs(None, policy, frozenset({"max_draft", "max_batch"}))
+
+
+def test_the_largest_cap_is_the_most_any_step_may_draft():
+    assert STOCK.largest_cap() is None
+    assert parse_knobs({"specgate_max_draft": 5}).largest_cap() == 5
+    assert parse_knobs({"specgate_max_batch": 8}).largest_cap() is None  # uncapped at or below 8
+    assert parse_knobs({"specgate_max_batch": 0}).largest_cap() == 0
+    assert parse_knobs({"specgate_schedule": [4, 8, 16, 3]}).largest_cap() == 8
+    assert parse_knobs({"specgate_schedule": [4, 8, 16, 3], "specgate_max_draft": 6}).largest_cap() == 6
+    assert parse_knobs({"specgate_schedule": [4, 0]}).largest_cap() == 0

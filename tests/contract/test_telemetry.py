@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from contract.knobs import STOCK, parse_knobs
 from contract.telemetry import COUNTER_FIELDS, RequestSpecStats, add_increments, increments_for
 
 
@@ -109,3 +110,76 @@ def test_an_impossible_acceptance_is_clamped_and_an_infinite_count_is_absent():
     )
     assert stats.num_accepted_draft_tokens == 8 and stats.completion_tokens == 0
     assert increments_for(stats)["al_sum"] == pytest.approx(5.0)  # 1 + 8 / 2: never past what was drafted
+
+
+# -- proposal counters: how often and how fully a request allowed to draft proposes --
+
+
+def _ngram_summary(steps=10, drafted=55, accepted=17, k=8):
+    return {"speculative_decoding": {"num_spec_steps": steps, "num_draft_tokens": drafted,
+                                     "num_accepted_draft_tokens": accepted, "num_spec_tokens": k}}
+
+
+def test_the_allowance_is_the_replicas_k_bounded_by_the_largest_cap_the_knobs_allow():
+    usage = {"completion_tokens": 64}
+    assert RequestSpecStats.from_response(usage, _ngram_summary(), knobs=STOCK).draft_allowance == 8
+    assert RequestSpecStats.from_response(usage, _ngram_summary(), knobs=parse_knobs({"specgate_max_draft": 3})).draft_allowance == 3
+    sched = parse_knobs({"specgate_schedule": [4, 6, 32, 2]})
+    assert RequestSpecStats.from_response(usage, _ngram_summary(), knobs=sched).draft_allowance == 6
+    assert RequestSpecStats.from_response(usage, _ngram_summary(), knobs=parse_knobs({"specgate_max_batch": 0})).draft_allowance == 0
+    # Unknown knobs (a continued stream's part) or no K reported: no allowance, no proposal counters.
+    assert RequestSpecStats.from_response(usage, _ngram_summary()).draft_allowance is None
+    no_k = {"speculative_decoding": {"num_spec_steps": 1, "num_draft_tokens": 2, "num_accepted_draft_tokens": 1}}
+    assert RequestSpecStats.from_response(usage, no_k, knobs=STOCK).draft_allowance is None
+
+
+def test_decode_steps_are_the_steps_after_the_first_token():
+    """64 tokens with 17 accepted drafts took 64 - 17 = 47 steps, the first of
+    them the prefill's: 46 decode steps, 10 of which held a proposal."""
+    stats = RequestSpecStats.from_response({"completion_tokens": 64}, _ngram_summary(), knobs=STOCK)
+    assert stats.decode_steps == 46
+    inc = increments_for(stats)
+    assert (inc["allowed_decode_steps"], inc["allowed_spec_steps"]) == (46, 10)
+    assert (inc["allowed_draft_tokens"], inc["allowed_full_tokens"]) == (55, 80)
+    assert set(inc) <= set(COUNTER_FIELDS)
+
+
+def test_a_request_capped_at_zero_or_of_unknown_knobs_is_no_proposal_evidence():
+    for knobs in (parse_knobs({"specgate_max_draft": 0}), None):
+        stats = RequestSpecStats.from_response({"completion_tokens": 64}, _ngram_summary(0, 0, 0), knobs=knobs)
+        assert "allowed_decode_steps" not in increments_for(stats)
+    # Allowed but never proposing: decode steps without a proposal (the rate's evidence).
+    stats = RequestSpecStats.from_response({"completion_tokens": 64}, _ngram_summary(0, 0, 0), knobs=STOCK)
+    inc = increments_for(stats)
+    assert inc["allowed_decode_steps"] == 63 and inc["allowed_spec_steps"] == 0
+
+
+# -- a probe's two arms: engine decode time, split by whether the request could draft --
+
+
+def test_probed_requests_add_their_decode_time_to_their_arm():
+    metrics = {**_ngram_summary(), "generation_time_ms": 630.0}
+    drafting = RequestSpecStats.from_response({"completion_tokens": 64}, metrics, knobs=STOCK, probed=True)
+    assert drafting.decode_s == pytest.approx(0.63)
+    inc = increments_for(drafting)
+    assert inc["probed_drafting_tokens"] == 63 and inc["probed_drafting_seconds"] == pytest.approx(0.63)
+    assert "probed_plain_tokens" not in inc
+    held = RequestSpecStats.from_response({"completion_tokens": 64}, {**_ngram_summary(0, 0, 0), "generation_time_ms": 900.0},
+                                          knobs=parse_knobs({"specgate_max_draft": 0}), probed=True)
+    inc = increments_for(held)
+    assert inc["probed_plain_tokens"] == 63 and inc["probed_plain_seconds"] == pytest.approx(0.9)
+    assert set(inc) <= set(COUNTER_FIELDS)
+
+
+def test_only_probed_requests_with_a_decode_time_and_known_knobs_count_in_an_arm():
+    metrics = {**_ngram_summary(), "generation_time_ms": 630.0}
+    for stats in (
+        RequestSpecStats.from_response({"completion_tokens": 64}, metrics, knobs=STOCK),  # no probe in force
+        RequestSpecStats.from_response({"completion_tokens": 64}, _ngram_summary(), knobs=STOCK, probed=True),
+        RequestSpecStats.from_response({"completion_tokens": 64}, metrics, probed=True),  # knobs unknown
+        RequestSpecStats.from_response({"completion_tokens": 1}, metrics, knobs=STOCK, probed=True),
+    ):
+        assert not any(k.startswith("probed_") for k in increments_for(stats))
+    # A replica that does not speculate (no speculative_decoding): the request was in the plain arm.
+    plain = RequestSpecStats.from_response({"completion_tokens": 11}, {"generation_time_ms": 100.0}, knobs=STOCK, probed=True)
+    assert increments_for(plain)["probed_plain_tokens"] == 10

@@ -5,7 +5,14 @@ from __future__ import annotations
 
 import pytest
 
-from controller.acceptance_fit import draft_length, expected_accepted, fit_conditional_acceptance
+from controller.acceptance_fit import (
+    ACCEPTANCE_PRIOR,
+    draft_length,
+    expected_accepted,
+    fit_conditional_acceptance,
+    method_acceptance_prior,
+    method_proposal,
+)
 from controller.estimators import TenantEstimator
 from controller.signals import TenantSample
 
@@ -31,15 +38,30 @@ def _sample(tenant, steps, a, k=4, replica="r"):
     })
 
 
-def test_thin_tenant_is_shrunk_toward_fleet_and_thick_one_is_not():
+def test_thin_tenant_is_shrunk_toward_the_prior_not_the_fleet_and_thick_one_is_not():
+    """A thin tenant beside a dominant one keeps mostly the prior, not the
+    dominant tenant's acceptance: its own few steps pull it from the prior
+    toward its own value."""
     est = TenantEstimator(half_life_s=300, prior_steps=100)
-    est.update([_sample("big", 20_000, 0.6), _sample("thin", 5, 0.95), _sample("thick", 20_000, 0.9)])
-    fleet = est.fleet_acceptance()
+    est.update([_sample("big", 20_000, 0.2), _sample("thin", 5, 0.95), _sample("thick", 20_000, 0.9)])
     thin, n_thin = est.acceptance("thin")
     thick, _ = est.acceptance("thick")
     assert n_thin == 5
-    assert abs(thin - fleet) < abs(0.95 - fleet) * 0.2  # mostly the fleet's value
+    assert abs(thin - ACCEPTANCE_PRIOR) < abs(0.95 - ACCEPTANCE_PRIOR) * 0.2  # mostly the prior...
+    assert thin > ACCEPTANCE_PRIOR  # ...moved toward its own 0.95, not the big tenant's 0.2
     assert thick == pytest.approx(0.9, abs=0.01)
+    assert est.acceptance("unseen") == (ACCEPTANCE_PRIOR, 0.0)
+
+
+def test_method_acceptance_is_shrunk_toward_the_methods_prior():
+    est = TenantEstimator(prior_steps=100)
+    est.update([_sample("thin", 5, 0.9, replica="ng"), _sample("big", 20_000, 0.05, replica="ng")],
+               methods={"ng": "ngram"})
+    thin = est.method_acceptance("thin")["ngram"]
+    prior = method_acceptance_prior("ngram")
+    assert prior < ACCEPTANCE_PRIOR
+    assert prior < thin < prior + 0.2 * (0.9 - prior)
+    assert est.method_acceptance("big")["ngram"] == pytest.approx(0.05, abs=0.01)
 
 
 def test_decay_has_the_configured_half_life():
@@ -119,3 +141,82 @@ def test_the_drafters_pass_is_charged_per_decoding_request_of_a_drafting_step():
     assert drafting_per_step(40) == pytest.approx((16, 1.0))  # 4 drafts a step: every step ran the pass
     assert drafting_per_step(5) == pytest.approx((8, 0.5))  # half a draft a step: about half the steps did
     assert drafting_per_step(0) == pytest.approx((0, 0.0))
+
+
+def _proposals(tenant, decode_steps, rate, fill, k=8, replica="ng"):
+    """Telemetry of requests allowed to draft k tokens that proposed in a
+    share `rate` of their decode steps, `fill` x k tokens a proposal."""
+    steps = decode_steps * rate
+    return TenantSample(tenant, replica, {
+        "requests": decode_steps / 60, "completion_tokens": decode_steps, "num_spec_steps": steps,
+        "num_draft_tokens": steps * fill * k, "num_accepted_draft_tokens": steps * 1.5,
+        "allowed_decode_steps": decode_steps, "allowed_spec_steps": steps,
+        "allowed_draft_tokens": steps * fill * k, "allowed_full_tokens": steps * k,
+    })
+
+
+def test_the_proposal_rate_and_fill_are_each_tenants_own():
+    """Measured per tenant on ngram, shrunk toward the method's weak prior and
+    never toward another tenant: a tenant whose sampled text rarely finds a
+    match keeps its own low rate beside one whose greedy text often does."""
+    est = TenantEstimator()
+    est.update([_proposals("greedy", 20_000, 0.4, 0.7), _proposals("temp1", 20_000, 0.05, 0.6)],
+               methods={"ng": "ngram"})
+    greedy, temp1 = est.method_proposal("greedy")["ngram"], est.method_proposal("temp1")["ngram"]
+    assert greedy.rate == pytest.approx(0.4, abs=0.005) and greedy.fill == pytest.approx(0.7, abs=0.005)
+    assert temp1.rate == pytest.approx(0.05, abs=0.005) and temp1.fill == pytest.approx(0.6, abs=0.01)
+    view = {v.tenant: v for v in est.views({"greedy", "temp1"}, {})}
+    assert view["temp1"].proposal == {"ngram": temp1}
+
+
+def test_a_thin_tenant_is_shrunk_toward_the_methods_prior_and_a_trained_drafter_needs_none():
+    est = TenantEstimator()
+    est.update([_proposals("thin", 5, 1.0, 1.0), _proposals("bulk", 50_000, 0.05, 0.5),
+                _proposals("ds", 5_000, 1.0, 1.0, replica="ds")], methods={"ng": "ngram", "ds": "dspark"})
+    thin = est.method_proposal("thin")["ngram"]
+    prior = method_proposal("ngram")
+    assert abs(thin.rate - prior.rate) < 0.1 * (1.0 - prior.rate)  # 5 steps barely move the prior...
+    assert thin.rate > prior.rate  # ...toward its own 1.0, not toward the bulk tenant's 0.05
+    assert est.method_proposal("ds") == {}  # DSpark always proposes its cap: nothing to measure
+
+
+def test_proposal_evidence_decays_with_the_acceptance():
+    est = TenantEstimator(half_life_s=300)
+    est.update([_proposals("t", 10_000, 0.4, 0.7)], methods={"ng": "ngram"})
+    est.decay(300)
+    assert est.method_sums[("t", "ngram")].decode_steps == pytest.approx(5_000)
+
+
+def _arms(tenant, replica, drafting_tokens, drafting_s_per_token, plain_tokens, plain_s_per_token):
+    return TenantSample(tenant, replica, {
+        "requests": 1, "probed_drafting_tokens": drafting_tokens,
+        "probed_drafting_seconds": drafting_tokens * drafting_s_per_token,
+        "probed_plain_tokens": plain_tokens, "probed_plain_seconds": plain_tokens * plain_s_per_token,
+    })
+
+
+def test_the_measured_gain_compares_the_arms_on_each_replica_then_across():
+    """Per replica the arms ran in the same steps; across replicas the step
+    times differ (here 2x), so the ratio is taken per replica first."""
+    est = TenantEstimator()
+    est.update([_arms("t", "r0", 500, 0.010, 500, 0.015), _arms("t", "r1", 500, 0.020, 500, 0.030)])
+    gain = est.measured_gain("t")
+    assert gain.gain == pytest.approx(1.5) and gain.drafting_tokens == 1000 and gain.plain_tokens == 1000
+    assert {v.tenant: v for v in est.views({"t"}, {})}["t"].measured_gain == gain
+
+
+def test_no_measured_gain_without_enough_tokens_in_both_arms_of_one_replica():
+    est = TenantEstimator()
+    est.update([_arms("t", "r0", 500, 0.01, 20, 0.02), _arms("t", "r1", 20, 0.01, 500, 0.02)])
+    assert est.measured_gain("t") is None
+    assert est.measured_gain("unseen") is None
+
+
+def test_evidence_counts_decode_steps_where_proposals_are_rare():
+    """A sampled tenant that proposed in 5 % of 4,000 decode steps has 200
+    speculation steps but 4,000 steps of evidence of what drafting gives it."""
+    est = TenantEstimator()
+    est.update([_proposals("temp1", 4_000, 0.05, 0.6)], methods={"ng": "ngram"})
+    assert est.acceptance("temp1")[1] == pytest.approx(4_000)
+    est.update([_sample("old", 300, 0.7)])  # telemetry without the decode-step counters
+    assert est.acceptance("old")[1] == pytest.approx(300)

@@ -6,7 +6,7 @@ import asyncio
 
 import httpx
 
-from contract.policy import SpeculationPolicy, publish_policies
+from contract.policy import ProbeSpec, SpeculationPolicy, publish_policies
 
 from .conftest import KEYS, backend_requests, tenant
 
@@ -123,3 +123,24 @@ async def test_a_policy_schedule_reaches_replicas_that_honour_it_and_its_envelop
         assert r.status_code == 400 and r.json()["error"]["param"] == "vllm_xargs.specgate_schedule", r.text
         assert "specgate_schedule" in r.json()["error"]["message"]
     assert len(backend_requests(new)) == seen
+
+
+async def test_a_probe_sends_a_random_share_of_requests_under_its_schedule(start_backend, start_gateway, redis_store):
+    """A tenant switched off explores: about `share` of its requests go to the
+    speculative replica (not the `off` pool its policy prefers) under the
+    probe's schedule; the rest follow the policy. Drawn per request."""
+    spec = await asyncio.to_thread(start_backend, name="spec", spec=True, knobs="max_draft,max_batch,schedule")
+    off = await asyncio.to_thread(start_backend, name="off")
+    gw = await asyncio.to_thread(
+        start_gateway, [{"url": spec.url, "name": "spec", "profile": "ngram-k8"}, {"url": off.url, "name": "off", "profile": "off"}]
+    )
+    probe = ProbeSpec(share=0.5, schedule=((6, 8),), profile="ngram-k8")
+    v = await publish_policies(redis_store, {"alpha": SpeculationPolicy(enabled=False, max_draft=0, preferred_profile="off",
+                                                                         probe=probe, source="controller")})
+    await wait_version(gw, v.version)
+    replicas = [(await post(gw)).headers["x-specgate-replica"] for _ in range(60)]
+    probed = replicas.count("spec")
+    assert 10 <= probed <= 50, replicas  # 30 expected; this bound fails once in ~10^5 runs of a fair draw
+    for request in backend_requests(spec):
+        assert request["body"]["vllm_xargs"] == {"specgate_max_draft": 8, "specgate_max_batch": 6, "specgate_schedule": [6, 8]}
+    assert all("vllm_xargs" not in r["body"] for r in backend_requests(off))  # an off replica honours no knobs

@@ -231,14 +231,17 @@ def test_stripped_usage_settles_the_token_budget_with_real_counts(
 async def test_speculation_telemetry_per_tenant_matches_what_replicas_reported(
     ngram_gw, plain_gw, vllm_ngram_server, redis_store
 ):
-    """Two gateway instances share one Redis: counters per (tenant, replica) add up exactly."""
+    """Two gateway instances share one Redis: counters per (tenant, replica) add up exactly,
+    the proposal counters included (the tenants' policies leave the replica's K uncapped, so
+    every ngram request was allowed to propose K tokens in each decode step)."""
     model = vllm_ngram_server.model
     expected: dict[tuple[str, str], dict[str, float]] = {}
 
     def add(tenant_id: str, replica: str, resp) -> None:
         row = expected.setdefault((tenant_id, replica), dict.fromkeys(
             ("requests", "prompt_tokens", "completion_tokens", "spec_requests",
-             "num_spec_steps", "num_draft_tokens", "num_accepted_draft_tokens"), 0.0))  # fmt: skip
+             "num_spec_steps", "num_draft_tokens", "num_accepted_draft_tokens", "allowed_decode_steps",
+             "allowed_spec_steps", "allowed_draft_tokens", "allowed_full_tokens"), 0.0))  # fmt: skip
         row["requests"] += 1
         row["prompt_tokens"] += resp.usage.prompt_tokens
         row["completion_tokens"] += resp.usage.completion_tokens
@@ -247,6 +250,11 @@ async def test_speculation_telemetry_per_tenant_matches_what_replicas_reported(
             row["spec_requests"] += 1
             for name in ("num_spec_steps", "num_draft_tokens", "num_accepted_draft_tokens"):
                 row[name] += spec[name]
+            decode = resp.usage.completion_tokens - spec["num_accepted_draft_tokens"] - 1
+            row["allowed_decode_steps"] += max(decode, spec["num_spec_steps"])
+            row["allowed_spec_steps"] += spec["num_spec_steps"]
+            row["allowed_draft_tokens"] += spec["num_draft_tokens"]
+            row["allowed_full_tokens"] += spec["num_spec_steps"] * spec["num_spec_tokens"]
 
     def run() -> None:
         for tenant_id, prompts in (("alpha", PROMPTS[:3]), ("beta", PROMPTS[3:])):
@@ -286,6 +294,8 @@ def test_greedy_output_identical_through_both_replicas(ngram_gw, plain_gw, vllm_
         assert spec_of(b) is None  # the plain replica does not speculate
         drafted += spec_of(a)["num_draft_tokens"]
         assert spec_of(a)["num_spec_tokens"] == NGRAM_K
+        # `--enable-per-request-metrics`: the engine's decode time, which a probe's arms are compared by.
+        assert ((a.model_extra or {}).get("metrics") or {}).get("generation_time_ms", 0) > 0
     assert drafted > 0  # equality is only meaningful if speculation actually happened
     a = spec_c.chat.completions.create(model=model, messages=CHAT, max_tokens=64, temperature=0)
     b = plain_c.chat.completions.create(model=model, messages=CHAT, max_tokens=64, temperature=0)

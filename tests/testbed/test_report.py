@@ -27,3 +27,10 @@ def test_a_policy_that_does_not_speculate_has_no_knobs():
 
 def test_table_aligns_columns_under_a_rule():
     assert table(["a", "bb"], [["xyz", "1"], ["q", "22"]]).splitlines() == ["a    bb", "---  --", "xyz  1", "q    22"]
+
+
+def test_a_probe_is_named_after_the_policy():
+    off = {"enabled": False, "max_draft": 0, "probe": {"share": 0.05, "schedule": [[6, 8]], "profile": "ngram-k8"}}
+    assert policy_label(off) == "off + probe 5% S=6:8"
+    held = {"enabled": True, "max_draft": 4, "probe": {"share": 0.1, "schedule": [[1, 0]]}}
+    assert policy_label(held) == "on k<=4 + probe 10% S=1:0"

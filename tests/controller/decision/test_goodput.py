@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from controller.acceptance_fit import tokens_per_step
+from controller.acceptance_fit import Proposal, expected_accepted, method_proposal, tokens_per_step
 from controller.decision import effective_cap, regime_label, replica_load, run_batch
 
 from .common import CHAT, CODE, model, replica
@@ -78,8 +78,29 @@ def test_each_replica_is_priced_with_the_acceptance_of_its_method():
     m = model(acc={"code": 0.6}, method_acc={"code": {"ngram": 0.2, "dspark": 0.9}})
     assert m.acceptance("code", "ngram") == 0.2 and m.acceptance("code", "eagle3") == 0.6
     ng, ds = m.evaluate(ngram, {"code": 8}), m.evaluate(dspark, {"code": 8})
-    assert ng.taus["code"] == pytest.approx(tokens_per_step(0.2, 8))
+    # ngram proposes in a share of the steps only (its prior here: no evidence); DSpark its whole cap.
+    prior = method_proposal("ngram")
+    assert prior.rate < 1 and prior.fill < 1
+    assert ng.taus["code"] == pytest.approx(1 + prior.rate * expected_accepted(0.2, prior.fill * 8))
     assert ds.taus["code"] == pytest.approx(tokens_per_step(0.9, 8))
+
+
+def test_ngram_is_priced_at_the_tenants_measured_proposals_not_a_full_block():
+    """A tenant that proposes in 40 % of its steps, 6 of 8 tokens a time,
+    verifies 1 + 0.4 x 6 tokens a step and gains 0.4 x the accepted tokens of a
+    6-token proposal; a trained drafter at the same acceptance verifies its
+    whole cap every step. The measured proposal wins over the method's prior."""
+    ngram = replica(4, {"code": 1.0}, profile="ngram-k8", block=8, name="ng")
+    measured = Proposal(rate=0.4, fill=0.75)
+    m = model(acc={"code": 0.6}, proposal={"code": {"ngram": measured}})
+    assert m.proposes("code", "ngram") == measured and m.proposes("code", "dspark") == Proposal(1.0, 1.0)
+    assert m.proposes("chat", "ngram") == method_proposal("ngram")
+    ng = m.evaluate(ngram, {"code": 8})
+    assert ng.taus["code"] == pytest.approx(1 + 0.4 * expected_accepted(0.6, 6))
+    assert ng.verify_tokens == pytest.approx(4 * (1 + 0.4 * 6) + ngram.prefill_ratio * 4 * ng.taus["code"], rel=1e-6)
+    full = model(acc={"code": 0.6}, proposal={"code": {"ngram": Proposal()}}).evaluate(ngram, {"code": 8})
+    assert full.taus["code"] == pytest.approx(tokens_per_step(0.6, 8))
+    assert full.verify_tokens == pytest.approx(4 * 9 + ngram.prefill_ratio * 4 * full.taus["code"], rel=1e-6)
 
 
 def test_at_light_load_a_small_drafting_tenant_pays_the_pass_only_in_its_own_steps():

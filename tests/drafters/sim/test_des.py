@@ -134,14 +134,21 @@ def test_tenant_counters_are_the_gateways_telemetry():
     expected: dict = {}
     for r in rep.records:
         spec = r.replica == "s"
+        allowance = (8 if r.max_draft is None else min(8, r.max_draft)) if spec else None  # dspark-b8: K = 8
         stats = RequestSpecStats(r.prompt_tokens, r.output_tokens, r.spec_steps if spec else None,
-                                 r.draft_tokens if spec else None, r.accepted_tokens if spec else None)
+                                 r.draft_tokens if spec else None, r.accepted_tokens if spec else None,
+                                 draft_allowance=allowance)
         c = expected.setdefault((r.tenant, r.replica), {f: 0.0 for f in COUNTER_FIELDS})
         for k, v in increments_for(stats).items():
             c[k] += v
     assert sim.tenant_counters == expected
     nospec = sim.tenant_counters[("nospec", "s")]
     assert nospec["spec_requests"] == nospec["requests"] > 0 and nospec["num_draft_tokens"] == 0
+    assert nospec["allowed_decode_steps"] == 0  # capped at 0: no evidence of how it would propose
+    spec = sim.tenant_counters[("spec", "s")]
+    assert spec["allowed_spec_steps"] == spec["num_spec_steps"] > 0  # every request of it was allowed to draft
+    assert spec["allowed_decode_steps"] >= spec["allowed_spec_steps"]
+    assert spec["allowed_full_tokens"] == 8 * spec["num_spec_steps"] >= spec["allowed_draft_tokens"]
     assert sim.tenant_counters[("spec", "o")]["spec_requests"] == 0
     assert set(sim.tenant_counters[("spec", "s")]) == set(COUNTER_FIELDS)
 
