@@ -359,8 +359,8 @@ class DecisionSettings(_Strict):
     )
     explore_evidence_steps: float = Field(
         default=200.0, ge=0,
-        description="a non-drafting tenant explores while it has fewer effective steps of evidence than this "
-        "(decode steps of its requests allowed to draft, decayed)",
+        description="a non-drafting tenant explores while its acceptance estimate rests on fewer speculation "
+        "steps than this (decayed: they fade while it does not draft)",
     )
     holdout_share: float = Field(
         default=0.0, ge=0, le=0.5,

@@ -361,7 +361,7 @@ class TenantEstimator:
                 total = sum(s.by_replica.values())
                 shares = {r: v / total for r, v in s.by_replica.items() if total > 0}
             out.append(TenantView(t, a, n, tpot_targets.get(t), shares, self.method_acceptance(t), self.method_proposal(t),
-                                  self.measured_gain(t)))
+                                  self.measured_gain(t), s.steps if s else 0.0))
         return out
 
     def replica_mix(self) -> dict[str, dict[str, float]]:

@@ -7,8 +7,9 @@ CPU bed: both tenants off 10 s after start, never back). And a model that
 prices a tenant's drafting can be wrong in ways no estimate inside it
 reveals. So, per tenant:
 
-* **exploration** -- while it does not draft and its evidence is thin
-  (`explore_evidence_steps` proposal steps, decayed), a share
+* **exploration** -- while it does not draft and its acceptance estimate
+  leans on the prior (fewer than `explore_evidence_steps` speculation
+  steps behind it, decayed: they fade while it is off), a share
   `explore_share` of its requests drafts the replicas' full block, but only
   in steps small enough that verifying their drafts keeps the replica below
   its knee (`cheap_batch`): evidence where it costs least;
@@ -61,7 +62,7 @@ def cheap_batch(knees: Iterable[float], drafted_per_request: float) -> int:
 
 
 def probe_spec(
-    policy: SpeculationPolicy, evidence_steps: float, block: int, cheap: int, cfg: DecisionConfig,
+    policy: SpeculationPolicy, acceptance_steps: float, block: int, cheap: int, cfg: DecisionConfig,
     profile: str | None = None,
 ) -> ProbeSpec | None:
     """PURE: the probe to publish with `policy` (None: every request follows it).
@@ -78,7 +79,7 @@ def probe_spec(
         if cfg.holdout_share <= 0:
             return None
         return ProbeSpec(share=cfg.holdout_share, schedule=NEVER_DRAFT)
-    if cfg.explore_share <= 0 or evidence_steps >= cfg.explore_evidence_steps:
+    if cfg.explore_share <= 0 or acceptance_steps >= cfg.explore_evidence_steps:
         return None
     return ProbeSpec(share=cfg.explore_share, schedule=((max(1, cheap), block),), profile=profile)
 
@@ -101,7 +102,7 @@ def tenant_probe(
     exploring = previous is not None and previous.probe is not None and not drafts(previous)
     if exploring and not drafts(policy):
         cfg = cfg.model_copy(update={"explore_evidence_steps": 2.0 * cfg.explore_evidence_steps})
-    return probe_spec(policy, ctx.tenants[t].evidence_steps, block, cheap, cfg, widest.profile)
+    return probe_spec(policy, ctx.tenants[t].acceptance_steps, block, cheap, cfg, widest.profile)
 
 
 def predicted_gain(ctx: FleetContext, model: GoodputModel, t: str, choice: Mapping[str, int], cap: int) -> float | None:

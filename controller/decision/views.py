@@ -106,6 +106,9 @@ class TenantView:
     # (`TenantEstimator.method_proposal`). Missing: the method's prior.
     proposal: dict[str, Proposal] = field(default_factory=dict)
     measured_gain: MeasuredGain | None = None  # from a probe's arms; None without one
+    # Speculation steps (decayed) behind `acceptance`: how far the estimate still leans on the
+    # method's prior; a tenant that does not draft explores while they are few (decision/probe.py).
+    acceptance_steps: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -220,3 +220,10 @@ def test_evidence_counts_decode_steps_where_proposals_are_rare():
     assert est.acceptance("temp1")[1] == pytest.approx(4_000)
     est.update([_sample("old", 300, 0.7)])  # telemetry without the decode-step counters
     assert est.acceptance("old")[1] == pytest.approx(300)
+
+
+def test_the_view_carries_the_speculation_steps_behind_the_acceptance():
+    est = TenantEstimator()
+    est.update([_proposals("temp1", 4_000, 0.05, 0.6)], methods={"ng": "ngram"})
+    view = est.views({"temp1"}, {})[0]
+    assert view.acceptance_steps == pytest.approx(200) and view.evidence_steps == pytest.approx(4_000)

@@ -36,18 +36,18 @@ def test_the_cheap_batch_keeps_verify_tokens_under_the_smallest_knee():
 
 def test_a_tenant_off_on_thin_evidence_explores_its_block_where_it_is_cheap():
     off = SpeculationPolicy(enabled=False, max_draft=0, source="controller")
-    probe = probe_spec(off, evidence_steps=50, block=8, cheap=6, cfg=CFG, profile="ngram-k8")
+    probe = probe_spec(off, acceptance_steps=50, block=8, cheap=6, cfg=CFG, profile="ngram-k8")
     assert probe == ProbeSpec(share=0.05, schedule=((6, 8),), profile="ngram-k8")
-    assert probe_spec(off, evidence_steps=500, block=8, cheap=6, cfg=CFG) is None  # enough evidence: no guess needed
-    assert probe_spec(off, evidence_steps=50, block=0, cheap=6, cfg=CFG) is None  # nothing speculates
+    assert probe_spec(off, acceptance_steps=500, block=8, cheap=6, cfg=CFG) is None  # enough evidence: no guess needed
+    assert probe_spec(off, acceptance_steps=50, block=0, cheap=6, cfg=CFG) is None  # nothing speculates
 
 
 def test_a_drafting_tenant_gets_the_configured_hold_out_and_an_admin_pin_none():
     on = SpeculationPolicy(max_draft=4, source="controller")
-    assert probe_spec(on, evidence_steps=50, block=8, cheap=6, cfg=CFG) == ProbeSpec(share=0.1, schedule=NEVER_DRAFT)
+    assert probe_spec(on, acceptance_steps=50, block=8, cheap=6, cfg=CFG) == ProbeSpec(share=0.1, schedule=NEVER_DRAFT)
     assert probe_spec(on, 50, 8, 6, DecisionConfig(holdout_share=0.0)) is None
     pinned = SpeculationPolicy(enabled=False, max_draft=0, source="admin")
-    assert probe_spec(pinned, evidence_steps=0, block=8, cheap=6, cfg=CFG) is None
+    assert probe_spec(pinned, acceptance_steps=0, block=8, cheap=6, cfg=CFG) is None
 
 
 def test_the_probe_arm_follows_the_probes_schedule_and_may_reach_a_speculative_replica():
@@ -80,8 +80,9 @@ def _decide(evidence, batch=64, measured=None, cfg=None, state=None):
     from .test_cpu_curve import ngram_replica
 
     reps = [ngram_replica("r0", batch), ngram_replica("r1", batch)]
-    views = [TenantView("greedy", 0.5, evidence, proposal={"ngram": Proposal(0.38, 0.69)}, measured_gain=measured),
-             TenantView("temp1", 0.02, 10_000, proposal={"ngram": Proposal(0.2, 0.69)})]
+    views = [TenantView("greedy", 0.5, 10_000, proposal={"ngram": Proposal(0.38, 0.69)}, measured_gain=measured,
+                        acceptance_steps=evidence),
+             TenantView("temp1", 0.02, 10_000, proposal={"ngram": Proposal(0.2, 0.69)}, acceptance_steps=10_000)]
     return decide(reps, views, state or {}, {}, 0.0, cfg or DecisionConfig())
 
 
@@ -92,7 +93,7 @@ def test_decide_publishes_an_exploration_probe_for_a_thin_tenant_it_switches_off
     (cheap, block), = greedy.probe.schedule
     assert block == 8 and cheap == 2  # knee ~7.7 tokens / (1 + 0.38 x 0.69 x 8) verified per request
     assert greedy.probe.share == DecisionConfig().explore_share and greedy.probe.profile == "ngram-k8"
-    assert temp1.probe is None  # 10,000 steps of its own evidence: no guess to replace
+    assert temp1.probe is None  # 10,000 speculation steps of its own: no guess to replace
     assert _decide(evidence=20, cfg=DecisionConfig(explore_share=0.0)).policies["greedy"].probe is None
 
 
