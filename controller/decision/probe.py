@@ -102,7 +102,26 @@ def tenant_probe(
     exploring = previous is not None and previous.probe is not None and not drafts(previous)
     if exploring and not drafts(policy):
         cfg = cfg.model_copy(update={"explore_evidence_steps": 2.0 * cfg.explore_evidence_steps})
-    return probe_spec(policy, ctx.tenants[t].acceptance_steps, block, cheap, cfg, widest.profile)
+    probe = probe_spec(policy, ctx.tenants[t].acceptance_steps, block, _power_of_two(cheap), cfg, widest.profile)
+    return steady_probe(previous.probe if previous is not None else None, probe)
+
+
+def _power_of_two(n: int) -> int:
+    """`n` rounded down to a power of two: the knee the cheap batch derives from is refitted every tick."""
+    return 1 << (max(n, 1).bit_length() - 1)
+
+
+def steady_probe(old: ProbeSpec | None, new: ProbeSpec | None) -> ProbeSpec | None:
+    """`old` while `new` is the same probe up to a cheap batch within a factor
+    of two of it: the cheap batch follows the learned knee, which moves with
+    every refit, and each new value would be a policy change published to
+    every gateway (the real bed's first run changed it nearly every tick)."""
+    if old is None or new is None or (old.share, old.profile) != (new.share, new.profile):
+        return new
+    (old_b, old_k), (new_b, new_k) = old.schedule[-1], new.schedule[-1]
+    if len(old.schedule) == len(new.schedule) == 1 and old_k == new_k and old_b <= 2 * new_b and new_b <= 2 * old_b:
+        return old
+    return new
 
 
 def predicted_gain(ctx: FleetContext, model: GoodputModel, t: str, choice: Mapping[str, int], cap: int) -> float | None:

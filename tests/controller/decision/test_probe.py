@@ -7,7 +7,7 @@ import pytest
 
 from contract.policy import ProbeSpec, SpeculationPolicy
 from controller.decision import DecisionConfig, MeasuredGain
-from controller.decision.probe import NEVER_DRAFT, cheap_batch, drafts, probe_spec
+from controller.decision.probe import NEVER_DRAFT, cheap_batch, drafts, probe_spec, steady_probe
 
 CFG = DecisionConfig(explore_share=0.05, explore_evidence_steps=200, holdout_share=0.1)
 
@@ -122,3 +122,14 @@ def test_a_draw_below_the_share_is_the_probe_arm():
     assert policy.draw(0.2) == (policy, "policy") and policy.draw(0.9) == (policy, "policy")
     plain = SpeculationPolicy(max_draft=4)
     assert plain.draw(0.0) == (plain, None)
+
+
+def test_a_probe_stays_while_its_cheap_batch_moves_less_than_twofold():
+    old = ProbeSpec(share=0.05, schedule=((8, 8),), profile="ngram-k8")
+    assert steady_probe(old, ProbeSpec(share=0.05, schedule=((16, 8),), profile="ngram-k8")) is old
+    assert steady_probe(old, ProbeSpec(share=0.05, schedule=((4, 8),), profile="ngram-k8")) is old
+    moved = ProbeSpec(share=0.05, schedule=((32, 8),), profile="ngram-k8")
+    assert steady_probe(old, moved) is moved
+    other = ProbeSpec(share=0.05, schedule=((8, 4),), profile="ngram-k8")
+    assert steady_probe(old, other) is other and steady_probe(old, None) is None and steady_probe(None, old) is old
+
