@@ -50,8 +50,8 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from .keys import TELEMETRY_INDEX_KEY as INDEX_KEY
-from .knobs import RequestKnobs
 from .keys import telemetry_counters_key as counters_key
+from .knobs import RequestKnobs
 from .store import Store
 
 COUNTER_FIELDS = (

@@ -127,7 +127,7 @@ def decide(
         policy = assembly.tenant_policy(ctx, verdict, proposal, ov, theta, max_batch, tenant_rho, view.acceptance,
                                         schedule)  # fmt: skip
         policy = assembly.carry(policy, carried.get(t), prev.policy)
-        policy = policy.model_copy(update={"probe": tenant_probe(ctx, model, t, policy, prev.policy, cfg)})
+        policy = policy.model_copy(update={"probe": tenant_probe(ctx, model, t, policy, prev.policy, cfg, ov)})
         changed = hysteresis.policy_changed(prev, policy)
         new_state[t] = hysteresis.remember(prev, verdict, policy, theta, theta_ema, changed, now)
         policies[t] = policy

@@ -32,6 +32,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import replace
 
 from contract.knobs import Schedule
+from contract.overrides import TenantOverride
 from contract.policy import ProbeSpec, SpeculationPolicy
 
 from .config import DecisionConfig
@@ -86,17 +87,18 @@ def probe_spec(
 
 def tenant_probe(
     ctx: FleetContext, model: GoodputModel, t: str, policy: SpeculationPolicy, previous: SpeculationPolicy | None,
-    cfg: DecisionConfig,
+    cfg: DecisionConfig, override: TenantOverride | None = None,
 ) -> ProbeSpec | None:
     """The probe for tenant t's `policy` this tick. Exploration starts below
     `explore_evidence_steps` and, once on, runs until twice that (so the
     evidence it gathers does not stop it at the threshold it crossed, only
-    to decay back under it)."""
+    to decay back under it); it drafts no longer than an admin's bounds
+    allow (`override`)."""
     reps = [r for r in ctx.homes[t] if r.block > 0]
     if not reps:
         return None
     widest = max(reps, key=lambda r: r.block)
-    block = widest.block
+    block = widest.block if override is None else override.clamp_cap(widest.block)
     drafted = max(model.proposes(t, r.method).drafted(r.block) for r in reps)
     cheap = cheap_batch([ctx.knee[r.name] for r in reps], drafted)
     exploring = previous is not None and previous.probe is not None and not drafts(previous)

@@ -133,3 +133,22 @@ def test_a_probe_stays_while_its_cheap_batch_moves_less_than_twofold():
     other = ProbeSpec(share=0.05, schedule=((8, 4),), profile="ngram-k8")
     assert steady_probe(old, other) is other and steady_probe(old, None) is None and steady_probe(None, old) is old
 
+
+
+def test_exploration_drafts_no_longer_than_an_admins_bound():
+    from contract.overrides import TenantOverride
+    from controller.acceptance_fit import Proposal
+    from controller.decision import TenantView, decide
+
+    from .test_cpu_curve import ngram_replica
+
+    reps = [ngram_replica("r0", 64), ngram_replica("r1", 64)]
+    views = [TenantView("greedy", 0.5, 10_000, proposal={"ngram": Proposal(0.38, 0.69)}, acceptance_steps=20),
+             TenantView("temp1", 0.02, 10_000, acceptance_steps=10_000)]
+    bound = {"greedy": TenantOverride(max_draft_max=2)}
+    first = decide(reps, views, {}, bound, 0.0, DecisionConfig())  # the override moved it: an admin's act, no probe
+    assert first.policies["greedy"].source == "admin" and first.policies["greedy"].probe is None
+    d = decide(reps, views, first.state, bound, 1.0, DecisionConfig())  # then the controller's, inside the bounds
+    greedy = d.policies["greedy"]
+    assert greedy.source == "controller" and not drafts(greedy)
+    assert greedy.probe is not None and greedy.probe.schedule[-1][1] == 2

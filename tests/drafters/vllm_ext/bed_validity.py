@@ -25,7 +25,10 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+import httpx
 import openai
+
+from contract.vllm_metrics import parse_vllm_metrics
 
 PROMPT = "the cat sat on the mat. the cat sat on the mat. the cat sat on the"
 # Near the shared servers' max_model_len (1024): a neighbour must outlive the greedy request
@@ -124,6 +127,20 @@ class Overlap:
         return True
 
 
+def wait_idle(server, timeout_s: float = 60.0) -> None:
+    """Until the engine runs and queues nothing: the neighbours of a previous run are aborted
+    when their client goes, but the engine drops them a few steps later, and a run that starts
+    meanwhile steps with more requests than it launched (a batch -> draft-length schedule then
+    reads a larger batch: the request drafted nothing where its batch-3 entry said 3)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        snap = parse_vllm_metrics(httpx.get(server.url + "/metrics", timeout=10).text)
+        if snap.num_requests_running + snap.num_requests_waiting == 0:
+            return
+        assert time.monotonic() < deadline, f"the server still runs {snap.num_requests_running:.0f} requests"
+        time.sleep(0.2)
+
+
 def greedy_beside(
     server,
     temperatures: list[float],
@@ -136,6 +153,7 @@ def greedy_beside(
     """The greedy request (with knobs `xargs`) run while sampling neighbours at `temperatures`
     decode beside it (`neighbour_tokens` long: fewer where a slow engine makes 960 cost
     minutes; `check()` says whether they still outlived it)."""
+    wait_idle(server, timeout_s)
     neighbours = [Neighbour(t) for t in temperatures]
     client = _client(server)  # built before the neighbours start: the greedy request leaves at once
     sent, done = threading.Event(), threading.Event()
