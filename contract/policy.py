@@ -57,6 +57,14 @@ def policy_changes(before: "SpeculationPolicy | None", after: "SpeculationPolicy
     return {f: [old.get(f), new[f]] for f in MATERIAL_FIELDS if before is None or old.get(f) != new[f]}
 
 
+def checked_schedule(schedule: Schedule) -> Schedule:
+    """`schedule`, or the ValueError (naming the rule it breaks) that a policy or probe field reports."""
+    problem = schedule_problem(schedule)
+    if problem:
+        raise ValueError(f"schedule {problem}")
+    return schedule
+
+
 class CaptureSpec(BaseModel, frozen=True):
     """Mirror a sample of this tenant's finished requests to the capture replica
     (vLLM `extract_hidden_states`), whose target hidden states train the
@@ -99,10 +107,7 @@ class ProbeSpec(BaseModel, frozen=True):
     @field_validator("schedule")
     @classmethod
     def _valid_schedule(cls, schedule: Schedule) -> Schedule:
-        problem = schedule_problem(schedule)
-        if problem:
-            raise ValueError(f"schedule {problem}")
-        return schedule
+        return checked_schedule(schedule)
 
 
 class SpeculationPolicy(BaseModel):
@@ -146,10 +151,7 @@ class SpeculationPolicy(BaseModel):
     @field_validator("schedule")
     @classmethod
     def _valid_schedule(cls, schedule: Schedule | None) -> Schedule | None:
-        problem = None if schedule is None else schedule_problem(schedule)
-        if problem:
-            raise ValueError(f"schedule {problem}")
-        return schedule
+        return None if schedule is None else checked_schedule(schedule)
 
     def probe_arm(self) -> "SpeculationPolicy":
         """What a request drawn into the probe arm follows: the probe's
