@@ -8,8 +8,8 @@ area conftest:
 - `tiny_model_dir` (session): path of the generated tiny Qwen3 checkpoint
   (cached under .cache/specgate-tests/, regenerated when testbed.models.SPEC_VERSION changes).
 - `mid_model_dir` (session): the ~100M-parameter `mid` Qwen3 (same cache).
-- `vllm_ngram_server` (session): a VllmServer with ngram speculation (K=NGRAM_K)
-  and `--per-request-spec-decode-metrics summary`.
+- `vllm_ngram_server` (session): a VllmServer with ngram speculation (K=NGRAM_K),
+  `--per-request-spec-decode-metrics summary` and the model's whole context (NGRAM_MAX_MODEL_LEN).
 - `vllm_plain_server` (session): a VllmServer without speculation.
 - `vllm_log_dir` (session): where server logs go.
 
@@ -115,9 +115,17 @@ def mid_model_dir(vllm_available) -> Path:
     return generate_model(vllm_env.cache_dir() / SPEC_VERSIONS["mid"], "mid")
 
 
+# The tiny model's whole context (its max_position_embeddings): the bed-validity and schedule
+# tests keep long neighbours decoding beside a short request, and on a loaded machine the short
+# one can take seconds to reach the engine -- a neighbour's life is bounded by this length.
+NGRAM_MAX_MODEL_LEN = 4096
+
+
 def ngram_server_spec(model_dir: Path, **overrides) -> VllmServerSpec:
     return VllmServerSpec(
-        model_dir=str(model_dir), **{"name": "ngram", "speculative_config": ngram_speculation(k=NGRAM_K), **overrides}
+        model_dir=str(model_dir),
+        **{"name": "ngram", "speculative_config": ngram_speculation(k=NGRAM_K), "max_model_len": NGRAM_MAX_MODEL_LEN,
+           **overrides},
     )
 
 

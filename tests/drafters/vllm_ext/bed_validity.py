@@ -8,20 +8,30 @@ broke that for every step mixing a sampling request with drafts (vLLM issue
 check.
 
 `greedy_beside(server, temperatures)` forces the batch: the sampling
-neighbours (long, `ignore_eos`) are streamed first with the replica's running
-token count on every chunk (`continuous_usage_stats`); the greedy request is
-sent once each has streamed a token, and each must still stream an unfinished
-chunk after the greedy response has arrived, so the greedy request's whole
-life lies inside theirs (a decoding request is scheduled in every engine step
-while it runs). The replica's counts say how many tokens each neighbour
-generated meanwhile. Nothing reads /metrics in between: an API server
-streaming hundreds of chunks a second answers it in seconds, long enough
-for a neighbour to run out of tokens.
+neighbours (long, `ignore_eos`, not streamed) are sent first; the greedy
+request is sent once the engine runs all of them, and after the greedy
+response has arrived the engine must still run all of them (and none may have
+finished), so the greedy request's whole life lies inside theirs (a decoding
+request is scheduled in every engine step while it runs). "The engine runs"
+is the replica's `vllm:num_requests_running`, with nothing waiting: vLLM sets
+that gauge from each step's scheduler (finished requests already removed) in
+the event-loop turn that hands the step's outputs to their requests, so the
+value read after the greedy response comes from the step that finished it or
+a later one; the neighbours entered before the greedy request, so all of them
+running then means all of them ran beside it for its whole life. Leaving a
+neighbour's connection aborts it in the engine.
+
+Why not streamed neighbours, with the replica's token count on each chunk
+(what this did before): on a loaded machine the test process reads hundreds
+of chunks a second behind the engine, a chunk read "after" the greedy
+response may have been generated long before, by a neighbour the engine had
+already finished before the greedy request ran (it then ran alone and drafted
+by its batch-one entry: the schedule tests failed that way in the full suite).
 """
 
 from __future__ import annotations
 
-import threading
+import asyncio
 import time
 from dataclasses import dataclass, field
 
@@ -31,10 +41,12 @@ import openai
 from contract.vllm_metrics import parse_vllm_metrics
 
 PROMPT = "the cat sat on the mat. the cat sat on the mat. the cat sat on the"
-# Near the shared servers' max_model_len (1024): a neighbour must outlive the greedy request
-# even where it accepts whole drafts every step (a T=0.001 one, or any on the broken engine,
-# which verifies it against garbage temperatures).
-NEIGHBOUR_MAX_TOKENS = 960
+# Near the shared ngram server's max_model_len (4096, fixtures.NGRAM_MAX_MODEL_LEN): a neighbour
+# must outlive the greedy request even where it accepts whole drafts every step (a T=0.001 one,
+# or any on the broken engine, which verifies it against garbage temperatures), and on a loaded
+# machine the greedy request alone can take seconds to reach the engine and come back (at 960
+# tokens, drafting neighbours ran out first in most runs beside two CPU burners).
+NEIGHBOUR_MAX_TOKENS = 3900
 SPEC_FIELDS = ("acceptance_histogram", "num_spec_steps", "num_draft_tokens", "num_accepted_draft_tokens")
 
 
@@ -62,61 +74,26 @@ def spec_counts(spec: dict) -> dict:
 
 
 @dataclass
-class Neighbour:
-    temperature: float
-    started: threading.Event = field(default_factory=threading.Event)
-    tokens_before: int = 0  # the replica's count for it at its last chunk before the greedy request left
-    tokens_after: int | None = None  # ... at its first chunk after the greedy response arrived
-    finish_reason: str | None = None  # of that chunk (None: still generating)
-    error: BaseException | None = None
-
-
-def _stream(server, nb: Neighbour, sent: threading.Event, done: threading.Event, prompt: str, max_tokens: int) -> None:
-    try:
-        stream = _client(server).completions.create(
-            model=server.model,
-            prompt=prompt,
-            max_tokens=max_tokens,
-            temperature=nb.temperature,
-            seed=1234,
-            stream=True,
-            stream_options={"include_usage": True, "continuous_usage_stats": True},
-            extra_body={"ignore_eos": True},
-        )
-        with stream:  # leaving it closes the stream: vLLM aborts the request
-            for chunk in stream:
-                tokens = chunk.usage.completion_tokens if chunk.usage else None
-                finish = chunk.choices[0].finish_reason if chunk.choices else None
-                if done.is_set():
-                    nb.tokens_after, nb.finish_reason = tokens, finish
-                    return
-                if not sent.is_set() and tokens is not None:
-                    nb.tokens_before = tokens
-                nb.started.set()
-    except BaseException as exc:  # noqa: BLE001 - reported by Overlap.check
-        nb.error = exc
-    finally:
-        nb.started.set()
-
-
-@dataclass
 class Overlap:
-    neighbours: list[Neighbour]
-    max_tokens: int  # the neighbours' length
+    """What the engine ran around the greedy request: its running/waiting gauges just before
+    the greedy request left and just after its response, and the neighbours' fates."""
+
+    neighbours: int
+    before: tuple[float, float] = (0.0, 0.0)  # (running, waiting)
+    after: tuple[float, float] = (0.0, 0.0)
+    finished_early: int = 0  # neighbours whose response arrived before the greedy one's
+    errors: list[str] = field(default_factory=list)
 
     def check(self) -> None:
-        """Raise unless every neighbour was generating before, during and after the greedy request."""
-        for nb in self.neighbours:
-            assert nb.error is None, f"neighbour T={nb.temperature} failed: {nb.error!r}"
-            assert nb.tokens_after is not None, (
-                f"neighbour T={nb.temperature} did not outlive the greedy request: {nb.tokens_before} tokens when it "
-                f"left, then it streamed all {self.max_tokens} before the greedy response arrived"
-            )
-            assert nb.finish_reason is None and nb.tokens_after < self.max_tokens, (
-                f"neighbour T={nb.temperature} did not outlive the greedy request: {nb.tokens_before} tokens when it "
-                f"left, {nb.tokens_after} at its first chunk after the response (finish_reason={nb.finish_reason})"
-            )
-            assert 0 < nb.tokens_before < nb.tokens_after, (nb.tokens_before, nb.tokens_after)
+        """Raise unless the engine ran every neighbour before, during and after the greedy request."""
+        assert not self.errors, f"neighbours failed: {self.errors}"
+        assert self.before == (self.neighbours, 0.0), (
+            f"the engine ran (running, waiting) = {self.before} before the greedy request, not its {self.neighbours} neighbours"
+        )
+        assert self.finished_early == 0 and self.after == (self.neighbours, 0.0), (
+            f"the engine ran (running, waiting) = {self.after} just after the greedy response, not its {self.neighbours} "
+            f"neighbours ({self.finished_early} had finished): they did not outlive it"
+        )
 
     @property
     def proven(self) -> bool:
@@ -127,18 +104,66 @@ class Overlap:
         return True
 
 
+def engine_load(server, timeout_s: float = 60.0) -> tuple[float, float]:
+    """The replica's (`vllm:num_requests_running`, `vllm:num_requests_waiting`) now."""
+    snap = parse_vllm_metrics(httpx.get(server.url + "/metrics", timeout=timeout_s).text)
+    return snap.num_requests_running, snap.num_requests_waiting
+
+
 def wait_idle(server, timeout_s: float = 60.0) -> None:
     """Until the engine runs and queues nothing: the neighbours of a previous run are aborted
-    when their client goes, but the engine drops them a few steps later, and a run that starts
-    meanwhile steps with more requests than it launched (a batch -> draft-length schedule then
-    reads a larger batch: the request drafted nothing where its batch-3 entry said 3)."""
+    when their connection goes, but the engine drops them a few steps later, and a run that
+    starts meanwhile steps with more requests than it launched (a batch -> draft-length schedule
+    then reads a larger batch)."""
     deadline = time.monotonic() + timeout_s
-    while True:
-        snap = parse_vllm_metrics(httpx.get(server.url + "/metrics", timeout=10).text)
-        if snap.num_requests_running + snap.num_requests_waiting == 0:
-            return
-        assert time.monotonic() < deadline, f"the server still runs {snap.num_requests_running:.0f} requests"
+    while (load := engine_load(server)) != (0.0, 0.0):
+        assert time.monotonic() < deadline, f"the server still runs/queues {load}"
         time.sleep(0.2)
+
+
+def _until_running(server, n: int, tasks: list[asyncio.Task], deadline: float) -> tuple[float, float]:
+    """Poll the gauges until the engine runs `n` requests (or a neighbour ended, or time is up)."""
+    while True:
+        load = engine_load(server)
+        if load == (float(n), 0.0) or any(t.done() for t in tasks) or time.monotonic() > deadline:
+            return load
+        time.sleep(0.05)
+
+
+def _neighbour_body(server, temperature: float, prompt: str, max_tokens: int, xargs: dict | None) -> dict:
+    body = {"model": server.model, "prompt": prompt, "max_tokens": max_tokens, "temperature": temperature,
+            "seed": 1234, "ignore_eos": True}  # fmt: skip
+    if xargs is not None:
+        body["vllm_xargs"] = xargs
+    return body
+
+
+async def _beside(server, temperatures, max_tokens, prompt, timeout_s, neighbour_tokens, xargs, neighbour_xargs):
+    deadline = time.monotonic() + timeout_s
+    client = _client(server)
+    overlap = Overlap(len(temperatures))
+    async with httpx.AsyncClient(base_url=server.url, timeout=timeout_s) as http:
+        tasks = [
+            asyncio.create_task(http.post("/v1/completions", json=_neighbour_body(server, t, prompt, neighbour_tokens,
+                                                                                 neighbour_xargs)))
+            for t in temperatures
+        ]  # fmt: skip
+        try:
+            overlap.before = await asyncio.to_thread(_until_running, server, len(temperatures), tasks, deadline)
+            text, spec = await asyncio.to_thread(greedy, server, max_tokens, prompt, client, xargs)
+            overlap.after = await asyncio.to_thread(engine_load, server)
+            for task in tasks:
+                if task.done():
+                    overlap.finished_early += 1
+                    if task.exception() is not None:
+                        overlap.errors.append(repr(task.exception()))
+                    elif task.result().status_code != 200:
+                        overlap.errors.append(task.result().text[:300])
+        finally:
+            for task in tasks:
+                task.cancel()  # closes the connection: vLLM aborts the request
+            await asyncio.gather(*tasks, return_exceptions=True)
+    return text, spec, overlap
 
 
 def greedy_beside(
@@ -149,31 +174,14 @@ def greedy_beside(
     timeout_s: float = 300,
     neighbour_tokens: int = NEIGHBOUR_MAX_TOKENS,
     xargs: dict | None = None,
+    neighbour_xargs: dict | None = None,
 ) -> tuple[str, dict, Overlap]:
     """The greedy request (with knobs `xargs`) run while sampling neighbours at `temperatures`
-    decode beside it (`neighbour_tokens` long: fewer where a slow engine makes 960 cost
-    minutes; `check()` says whether they still outlived it)."""
+    (with knobs `neighbour_xargs`) decode beside it (`neighbour_tokens` long: fewer where a slow
+    engine makes NEIGHBOUR_MAX_TOKENS cost minutes; `check()` says whether they still outlived it)."""
     wait_idle(server, timeout_s)
-    neighbours = [Neighbour(t) for t in temperatures]
-    client = _client(server)  # built before the neighbours start: the greedy request leaves at once
-    sent, done = threading.Event(), threading.Event()
-    threads = [
-        threading.Thread(target=_stream, args=(server, nb, sent, done, prompt, neighbour_tokens), daemon=True)
-        for nb in neighbours
-    ]
-    for thread in threads:
-        thread.start()
-    deadline = time.monotonic() + timeout_s
-    try:
-        for nb in neighbours:
-            assert nb.started.wait(max(0.0, deadline - time.monotonic())), f"neighbour T={nb.temperature} never streamed"
-        sent.set()
-        text, spec = greedy(server, max_tokens, prompt, client, xargs)
-    finally:
-        done.set()
-        for thread in threads:
-            thread.join(max(0.0, deadline - time.monotonic()))
-    return text, spec, Overlap(neighbours, neighbour_tokens)
+    return asyncio.run(_beside(server, temperatures, max_tokens, prompt, timeout_s, neighbour_tokens, xargs,
+                               neighbour_xargs))
 
 
 def greedy_beside_until_overlapped(
@@ -183,12 +191,12 @@ def greedy_beside_until_overlapped(
 
     Every run's greedy text and per-request acceptance must equal `alone`'s: a difference fails at
     once, overlap or not (that is what the check is for). Equality proves something only where the
-    neighbours outlived the greedy request, and on a loaded machine they may not: the API server,
-    starved of CPU while it streams hundreds of chunks a second, can take long enough to hand the
-    greedy request to the engine that a fast neighbour (T=0.001 accepts whole drafts) runs out of
-    its tokens first; the shared servers' `max_model_len` bounds how long a neighbour can be. Such a
-    run says nothing either way, so it is run again, `attempts` times at most; the last one's
-    overlap is then asserted (`Overlap.check` names the neighbour that ran out)."""
+    neighbours outlived the greedy request, and on a loaded machine they may not: a starved API
+    server can take long enough to hand the greedy request to the engine and back that a fast
+    neighbour (T=0.001 accepts whole drafts) runs out of its tokens first; the server's
+    `max_model_len` bounds how long a neighbour can be. Such a run says nothing either way, so it
+    is run again, `attempts` times at most; the last one's overlap is then asserted
+    (`Overlap.check` says what the engine ran instead)."""
     for attempt in range(attempts):
         text, spec, overlap = greedy_beside(server, temperatures, max_tokens, **kwargs)
         assert spec_counts(spec) == spec_counts(alone[1]), (

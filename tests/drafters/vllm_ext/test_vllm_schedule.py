@@ -5,9 +5,11 @@ greedy text stays the text of the run without speculation.
 The batch a schedule is looked up at is the step's number of requests (the rule
 of vLLM's `num_speculative_tokens_per_batch_size`). Steps of one request come
 from running the request alone; steps of two or three from running it while
-one or two long streaming neighbours (stock speculation, T=1) decode beside it
-for its whole life, proven by the replica's own token counts
-(bed_validity.greedy_beside). The per-request `acceptance_histogram` has one
+one or two long streaming neighbours (T=1, capped at 0 drafts) decode beside it
+for its whole life, proven by the replica's running requests before the request
+and after its response (bed_validity.greedy_beside). The neighbours do not
+draft: the step's draft length (the largest cap in the step) is then the
+request's own schedule entry, and a neighbour lasts longest at a token a step. The per-request `acceptance_histogram` has one
 slot per accepted length: a step capped at c drafts never fills a slot above c.
 """
 
@@ -23,6 +25,7 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 MAX_TOKENS = 64
 SCHEDULE = "specgate_schedule"
+NON_DRAFTING = {"specgate_max_draft": 0}
 
 
 @pytest.fixture(scope="module")
@@ -34,9 +37,10 @@ def stock(vllm_ngram_server):
 
 
 def beside(server, neighbours: int, xargs: dict, attempts: int = 3) -> tuple[str, dict]:
-    """The greedy request with `xargs` while `neighbours` T=1 streams decode for all its life."""
+    """The greedy request with `xargs` while `neighbours` T=1 non-drafting streams decode for all its life."""
     for _ in range(attempts):
-        text, spec, overlap = greedy_beside(server, [1.0] * neighbours, MAX_TOKENS, xargs=xargs)
+        text, spec, overlap = greedy_beside(server, [1.0] * neighbours, MAX_TOKENS, xargs=xargs,
+                                            neighbour_xargs=NON_DRAFTING)
         if overlap.proven:
             break
     overlap.check()
