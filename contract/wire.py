@@ -7,8 +7,9 @@ chunks, the usage chunk), ``usage``, ``metrics.speculative_decoding`` (vLLM's
 error bodies and ``/v1/models``.  The simulated replica
 (``drafters.sim.server``) and the fast fake backend of the gateway tests
 (``testbed/fake_openai.py``) both build through this module, so
-they cannot drift apart; the gateway only *reads* this format
-(``gateway/sse.py``, ``gateway/relay.py``).
+they cannot drift apart; the gateway reads this format with the framing
+constants below (``gateway/stream/sse.py``) and builds the chunks of a
+continued stream with these builders (``gateway/stream/continuation.py``).
 
 What is mirrored, from vLLM's ``entrypoints/openai`` (pydantic models dumped
 with ``model_dump()`` for bodies, ``model_dump_json(exclude_unset=True)`` for
@@ -62,8 +63,10 @@ CHAT_OBJECT = "chat.completion"
 CHAT_CHUNK_OBJECT = "chat.completion.chunk"
 COMPLETION_OBJECT = "text_completion"  # non-streaming bodies and stream chunks alike
 SSE_CONTENT_TYPE = "text/event-stream; charset=utf-8"
-DONE = b"data: [DONE]\n\n"
-_SEP = b"\n\n"
+# SSE framing: an event is ``data: <payload>`` lines ended by a blank line.
+DATA = b"data: "
+EVENT_END = b"\n\n"
+DONE = DATA + b"[DONE]" + EVENT_END
 _MASK_64 = (1 << 64) - 1
 
 Usage = dict[str, Any]
@@ -243,7 +246,7 @@ def usage_chunk(rid: str, created: int, model: str, prompt_tokens: int, completi
 
 def sse(obj: Any) -> bytes:
     """One SSE event: ``data: <compact JSON>\\n\\n``."""
-    return b"data: " + orjson.dumps(obj) + _SEP
+    return DATA + orjson.dumps(obj) + EVENT_END
 
 
 # -------------------------------------------------------------------- errors, models
@@ -280,7 +283,7 @@ def model_list(model: str, created: int, max_model_len: int | None, root: str | 
 
 
 __all__ = [
-    "CHAT_OBJECT", "CHAT_CHUNK_OBJECT", "COMPLETION_OBJECT", "SSE_CONTENT_TYPE", "DONE", "response_id",
+    "CHAT_OBJECT", "CHAT_CHUNK_OBJECT", "COMPLETION_OBJECT", "SSE_CONTENT_TYPE", "DATA", "EVENT_END", "DONE", "response_id",
     "created_now", "usage", "spec_decoding", "metrics", "stream_usage_flags", "completion_body", "role_chunk",
     "content_chunk", "usage_chunk", "sse", "error_body", "http_error_body", "model_not_found_body", "model_list",
 ]

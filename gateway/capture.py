@@ -13,14 +13,16 @@ The flow, and why each step is where it is:
    budget. Decided up front because the answer changes the upstream request:
    a candidate is sent with `return_token_ids: true`.
 2. The response goes to the client as it would without capture: a stream's
-   injected ids are stripped by the continuation ledger's tap
-   (`gateway.splice.LedgerTap`, the same tap, hence the same bytes, as every
-   stream the gateway can continue), a whole body's by `strip_token_ids`
+   injected ids are stripped by the ledger's tap
+   (`gateway.stream.taps.LedgerTap`, the same tap, hence the same bytes, as
+   every stream the gateway can continue), a whole body's by `strip_token_ids`
    (byte-exact to the replica's own body). One difference remains for streams
    that cannot be continued (penalties, logprobs, tools, structured output):
    vLLM writes unasked ids as explicit `null`s in each chunk, the tap leaves
    the injected keys out -- equal as JSON, not as bytes.
-3. After the response is complete, `stream_sample` / `whole_sample` read the
+3. The relay leaves what it saw in `ctx.capture_seen` (`StreamSeen`, or a
+   whole body's `WholeIds`); the plan itself is never changed.
+4. After the response is complete, `stream_sample` / `whole_sample` read the
    prompt and completion ids, only for a request that finished (`stop` or
    `length`), was not continued on another replica, and whose ids agree with
    the usage the replica reported; `sample_outcome` then decides between the
@@ -31,13 +33,15 @@ from __future__ import annotations
 
 import re
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+from .stream.shape import one_prompt_one_output
 
 if TYPE_CHECKING:
     from contract.policy import CaptureSpec
 
-    from .continuation import StreamLedger
+    from .stream.taps import LedgerTap
 
 HOUR_S = 3600.0
 # A request that ended otherwise (abort, error, content filter, tool-call
@@ -50,23 +54,9 @@ SENT, FAILED, DROPPED_QUEUE, DROPPED_BUDGET, TOO_LONG = "sent", "failed", "dropp
 
 def shape_refusal(body: dict[str, Any], endpoint: str) -> str | None:
     """Why a request cannot be captured whatever its tenant's policy (None: it
-    can): a sample is one prompt and one completion, so requests with several
-    outputs or several prompts are left out, and so are prompt embeddings
-    (no prompt ids to re-feed)."""
-    n, best_of = body.get("n"), body.get("best_of")
-    if _more_than_one(n) or _more_than_one(best_of) or body.get("use_beam_search"):
-        return "more than one output (n, best_of, beam search)"
-    if endpoint == "completions":
-        p = body.get("prompt")
-        if isinstance(p, list) and len(p) > 1 and not isinstance(p[0], int):
-            return "several prompts in one request"
-        if body.get("prompt_embeds") is not None:
-            return "prompt embeddings"
-    return None
-
-
-def _more_than_one(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value > 1
+    can): a sample is one prompt and one completion (`gateway.stream.shape`,
+    the rule continuation shares)."""
+    return one_prompt_one_output(body, endpoint)
 
 
 class HourlyBudget:
@@ -108,19 +98,30 @@ def sampled(spec: CaptureSpec | None, target_url: str | None, draw: float) -> bo
     return spec is not None and bool(target_url) and draw < spec.fraction
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class CapturePlan:
-    """A capture candidate on its way through the request path: who, and where
-    the relay leaves what it saw (a stream's ledger, or a whole body's ids)."""
+    """A capture candidate, as decided when the request was routed: who, and
+    within which budget."""
 
     tenant: str
     label: str  # the tenant's metrics label
     model: str  # the request's model
     limit: int  # the tenant's max_per_hour, as of the decision
-    ledger: StreamLedger | None = None  # a stream: what the client was sent, ids included (complete after tap.settle())
-    tap: Any = None  # ... and the tap that read it (`saw_done`, `error`: the stream's end as relayed)
-    broken: bool = False  # the stream broke mid-way (continued or ended with an error event)
-    whole: tuple[list[int], list[int], str | None] | None = field(default=None)  # a whole body: (prompt, completion, finish)
+
+
+# A whole body's (prompt ids, completion ids, finish_reason).
+WholeIds = tuple[list[int], list[int], str | None]
+
+
+@dataclass(frozen=True, slots=True)
+class StreamSeen:
+    """What the relay saw of a captured stream: the tap that relayed it (its
+    ledger, complete after `tap.ledger_so_far()`; `saw_done`, `error`: the
+    stream's end as relayed) and whether it broke mid-way (continued, or
+    ended with an error event)."""
+
+    tap: LedgerTap
+    broken: bool
 
 
 def _ids(value: Any) -> list[int] | None:
@@ -129,7 +130,7 @@ def _ids(value: Any) -> list[int] | None:
     return None
 
 
-def whole_body_ids(obj: Any, chat: bool) -> tuple[list[int], list[int], str | None] | None:
+def whole_body_ids(obj: Any, chat: bool) -> WholeIds | None:
     """(prompt ids, completion ids, finish_reason) of a whole n=1 response
     sent with `return_token_ids` (chat: prompt ids at the top level;
     completions: on the choice); None when they are missing."""
@@ -154,14 +155,14 @@ def _agrees(prompt: list[int], completion: list[int], finish: Any, usage: Any) -
     return usage.get("prompt_tokens") == len(prompt) and usage.get("completion_tokens") == len(completion)
 
 
-def stream_sample(plan: CapturePlan, usage: Any, continued: bool) -> tuple[list[int], list[int]] | None:
+def stream_sample(seen: StreamSeen, usage: Any, continued: bool) -> tuple[list[int], list[int]] | None:
     """A finished stream's (prompt ids, completion ids), or None: not a sample
     (broken, continued on another replica, no [DONE], not finished, ids
     missing or disagreeing with usage)."""
-    tap = plan.tap
-    if plan.ledger is None or tap is None or continued or plan.broken:
+    tap = seen.tap
+    if continued or seen.broken:
         return None
-    ledger = tap.settle()  # the tap records the events it relayed only when asked
+    ledger = tap.ledger_so_far()  # the tap parses the events it relayed only when asked
     if ledger.prompt_ids is None:
         return None
     if not tap.saw_done or tap.error is not None:  # the relayed stream did not end as a whole one does
@@ -172,11 +173,11 @@ def stream_sample(plan: CapturePlan, usage: Any, continued: bool) -> tuple[list[
     return (prompt, completion) if _agrees(prompt, completion, ledger.finish_reason, usage) else None
 
 
-def whole_sample(plan: CapturePlan, usage: Any) -> tuple[list[int], list[int]] | None:
+def whole_sample(whole: WholeIds | None, usage: Any) -> tuple[list[int], list[int]] | None:
     """A whole response's (prompt ids, completion ids), or None: not a sample."""
-    if plan.whole is None:
+    if whole is None:
         return None
-    prompt, completion, finish = plan.whole
+    prompt, completion, finish = whole
     return (prompt, completion) if _agrees(prompt, completion, finish, usage) else None
 
 

@@ -108,7 +108,7 @@ class GatewayMetrics:
         self.aborted = Counter(
             "specgate_requests_aborted", "Requests the gateway ended itself, by reason and outcome", ["reason", "outcome"], registry=r
         )
-        # -- stream continuation (gateway.splice) --
+        # -- stream continuation (gateway.stream.splice) --
         self.continuations = Counter(
             "specgate_continuations",
             "Streams broken after their first byte, by what the gateway did: continued (spliced from another "

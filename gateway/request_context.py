@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from contract.policy import SpeculationPolicy
     from contract.settings import TenantConfig
 
-    from .capture import CapturePlan
+    from .capture import CapturePlan, StreamSeen, WholeIds
     from .replicas import ReplicaState
 
 
@@ -63,7 +63,8 @@ class RequestContext:
     status: int = 500
     usage: dict[str, Any] | None = None
     spec_metrics: dict[str, Any] | None = None
-    # A continued stream (gateway.splice): (replica, its part's stats) per
+    capture_seen: StreamSeen | WholeIds | None = None  # a capture candidate's response as the relay saw it
+    # A continued stream (gateway.stream.splice): (replica, its part's stats) per
     # replica that produced part of it; None: one replica produced it all.
     parts: list[tuple[str, Any]] | None = None
     watcher: asyncio.Future | None = None  # cancels the request when the client disconnects
@@ -86,6 +87,14 @@ class RequestContext:
     @property
     def replica_name(self) -> str:
         return "none" if self.replica is None else self.replica.name
+
+    def client_headers(self) -> list[tuple[bytes, bytes]]:
+        """The headers every response to this request carries: its id (in
+        the gateway's log lines too) and admit's rate-limit headers."""
+        extra = [(b"x-request-id", self.request_id.encode())]
+        if self.response_headers:
+            extra += self.response_headers
+        return extra
 
     @property
     def client_gone(self) -> bool:

@@ -18,11 +18,11 @@ from contract.knobs import STOCK, RequestKnobs, merged_xargs, parse_knobs
 from contract.telemetry import RequestSpecStats
 
 from .asgi_io import ClientGone, send_error
-from .capture import stream_sample, whole_sample
+from .capture import StreamSeen, stream_sample, whole_sample
 from .deps import RequestPathState
 from .errors import GatewayError
-from .relay import abort_error, end_stream_with_error
 from .request_context import RequestContext
+from .stream.ends import abort_error, end_stream_with_error
 
 log = logging.getLogger("specgate.gateway.proxy")
 access_log = logging.getLogger("specgate.gateway.access")
@@ -77,9 +77,12 @@ def _capture(state: RequestPathState, ctx: RequestContext, usage: dict) -> None:
     """A capture candidate's response is complete (the client has all of it):
     its sample goes to the capture mirror's queue, or is counted as dropped,
     or -- not a whole, finished request -- is not a sample at all."""
-    plan = ctx.capture
-    sample = stream_sample(plan, usage, ctx.parts is not None) if ctx.stream else whole_sample(plan, usage)
-    state.capture.finished(plan, sample)
+    seen = ctx.capture_seen
+    if isinstance(seen, StreamSeen):
+        sample = stream_sample(seen, usage, ctx.parts is not None)
+    else:
+        sample = None if ctx.stream else whole_sample(seen, usage)
+    state.capture.finished(ctx.capture, sample)
 
 
 def _record(state: RequestPathState, ctx: RequestContext, replica_name: str, stats: RequestSpecStats) -> None:

@@ -150,3 +150,51 @@ def test_only_the_controller_writes_the_policy_set():
         if "contract.policy.publish_policies" in _imports(path)
     )
     assert writers and all(_top(w) == "controller" for w in writers), writers
+
+
+# gateway.stream's modules, top to bottom: each imports only modules below it,
+# so a streamed request passes each once, in order, and never returns to one
+# it left (relay -> taps -> sse / ledger -> splice -> continuation -> ends).
+STREAM_ORDER = ("relay", "splice", "continuation", "taps", "ledger", "shape", "sse", "ends")
+
+
+def test_the_stream_package_is_layered_in_one_order():
+    package = {m for m in GRAPH if m.startswith("gateway.stream.")}
+    assert package == {f"gateway.stream.{name}" for name in STREAM_ORDER}, "a stream module is missing from STREAM_ORDER"
+    upward = sorted(
+        f"{src} -> {dst}"
+        for src in package
+        for dst in GRAPH[src]
+        if dst in package and STREAM_ORDER.index(dst.rpartition(".")[2]) <= STREAM_ORDER.index(src.rpartition(".")[2])
+    )
+    assert not upward, "a stream module imports one above it:\n" + "\n".join(upward)
+
+
+def test_streams_are_entered_through_the_relay_and_ended_through_ends():
+    """Outside the package, only the relay stage starts a stream (`gateway.stream.relay`), and the in-band
+    error helpers that the relay and the outcome stage share come from `gateway.stream.ends`, not the relay."""
+    starts = sorted(m for m, deps in GRAPH.items() if "gateway.stream.relay" in deps and not m.startswith("gateway.stream."))
+    assert starts == ["gateway.relay"]
+    assert "gateway.stream.ends" in GRAPH["gateway.settle"] and "gateway.relay" not in GRAPH["gateway.settle"]
+    relay_importers = sorted(m for m, deps in GRAPH.items() if "gateway.relay" in deps and _top(m) == "gateway")
+    assert relay_importers == ["gateway.proxy"]
+
+
+_FRAMING = (b"\n\n", b"\\n\\n", b"data:", b"[DONE]")
+
+
+def test_sse_framing_is_written_in_one_place():
+    """SSE framing (the blank line that ends an event, the `data:` field,
+    `[DONE]`) is spelled only by `contract.wire` (which builds it) and
+    `gateway.stream.sse` (which reads it); every other gateway module uses
+    their constants, so the gateway cannot split or frame events two ways."""
+    offenders = []
+    for path in sorted((ROOT / "gateway").rglob("*.py")):
+        if path == ROOT / "gateway" / "stream" / "sse.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Constant) and isinstance(node.value, bytes) and any(f in node.value for f in _FRAMING):
+                offenders.append(f"{path.relative_to(ROOT)}:{node.lineno}: {node.value[:40]!r}")
+    assert not offenders, "\n".join(offenders)
+    spelled = [n.value for n in ast.walk(ast.parse((ROOT / "gateway/stream/sse.py").read_text())) if isinstance(n, ast.Constant)]
+    assert any(isinstance(v, bytes) and b"[DONE]" in v for v in spelled)  # the walker sees constants at all

@@ -14,8 +14,8 @@ from gateway.capture import (
     DROPPED_QUEUE,
     HOUR_S,
     TOO_LONG,
-    CapturePlan,
     HourlyBudget,
+    StreamSeen,
     sample_outcome,
     sampled,
     shape_refusal,
@@ -24,8 +24,8 @@ from gateway.capture import (
     whole_body_ids,
     whole_sample,
 )
-from gateway.continuation import StreamLedger
-from gateway.splice import LedgerTap
+from gateway.stream.ledger import StreamLedger
+from gateway.stream.taps import LedgerTap
 
 URL = "http://capture:8000"
 
@@ -93,11 +93,11 @@ def _body(chat: bool, with_ids: bool, finish="length", **kw) -> dict:
 def test_whole_body_ids_and_sample(chat):
     obj = _body(chat, True)
     assert whole_body_ids(obj, chat) == ([1, 2, 3], [7, 8], "length")
-    plan = CapturePlan("t", "t", "m", 10, whole=whole_body_ids(obj, chat))
-    assert whole_sample(plan, obj["usage"]) == ([1, 2, 3], [7, 8])
-    assert whole_sample(plan, {**obj["usage"], "completion_tokens": 3}) is None  # ids disagree with usage
+    seen = whole_body_ids(obj, chat)
+    assert whole_sample(seen, obj["usage"]) == ([1, 2, 3], [7, 8])
+    assert whole_sample(seen, {**obj["usage"], "completion_tokens": 3}) is None  # ids disagree with usage
     assert whole_body_ids(_body(chat, False), chat) is None
-    aborted = CapturePlan("t", "t", "m", 10, whole=whole_body_ids(_body(chat, True, finish="abort"), chat))
+    aborted = whole_body_ids(_body(chat, True, finish="abort"), chat)
     assert whole_sample(aborted, obj["usage"]) is None
 
 
@@ -150,12 +150,12 @@ def test_stream_sample_reads_the_ledger_of_a_whole_stream(chat):
     tap = LedgerTap(False, True, chat, ledger, hold_errors=False)
     out = tap.feed(_stream(chat))
     assert b"token_ids" not in out  # stripped for the client
-    plan = CapturePlan("t", "t", "m", 10, ledger=ledger, tap=tap)
+    seen = StreamSeen(tap, broken=False)
     usage = wire.usage(3, 2)
-    assert stream_sample(plan, usage, continued=False) == ([1, 2, 3], [7, 8])
-    assert stream_sample(plan, usage, continued=True) is None
-    plan.broken = True
-    assert stream_sample(plan, usage, continued=False) is None
+    assert stream_sample(seen, usage, continued=False) == ([1, 2, 3], [7, 8])
+    assert stream_sample(seen, usage, continued=True) is None
+    seen = StreamSeen(tap, broken=True)
+    assert stream_sample(seen, usage, continued=False) is None
 
 
 def test_stream_sample_needs_done_and_a_captured_finish():
@@ -164,7 +164,7 @@ def test_stream_sample_needs_done_and_a_captured_finish():
         ledger.start_part("r1")
         tap = LedgerTap(False, True, False, ledger, hold_errors=False)
         tap.feed(stream)
-        assert stream_sample(CapturePlan("t", "t", "m", 10, ledger=ledger, tap=tap), wire.usage(3, 2), False) is None
+        assert stream_sample(StreamSeen(tap, broken=False), wire.usage(3, 2), False) is None
 
 
 def test_ledger_tap_without_hold_forwards_an_engine_error_event_and_what_follows():

@@ -86,7 +86,7 @@ def test_captured_ids_are_vllms_and_the_client_bytes_are_unchanged(start_gateway
     its events pass through the gateway untouched, so the captured stream is
     compared with vLLM's own events there. vLLM writes `token_ids` /
     `prompt_token_ids` as explicit nulls in every chunk when they were not
-    asked for; the ledger tap (gateway.splice, shared with stream
+    asked for; the ledger tap (gateway.stream.taps, shared with stream
     continuation) leaves the injected ones out instead, so those events are
     equal as JSON once the null id keys are dropped (a documented deviation;
     whole bodies are byte-exact) -- and, rarely, cut at another token boundary

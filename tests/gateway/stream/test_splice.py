@@ -18,7 +18,7 @@ from contract.store.redis_store import RedisStore
 from contract.telemetry import read_all
 from testbed.fake_openai import OUTPUT_BASE, output_text
 
-from .conftest import KEYS, backend_requests, wait_for
+from ..conftest import KEYS, backend_requests, wait_for
 
 AUTH = {"authorization": f"Bearer {KEYS['alpha']}"}
 MSG = [{"role": "user", "content": "a b c"}]

@@ -1,130 +1,15 @@
-"""The pure half of stream continuation: which requests can be continued,
-the continuation request, the stop-string check across the splice, and the
-ledger tap that strips what the gateway injected."""
+"""The relay's taps on recorded vLLM 0.32 streams: what the client is sent
+of each read (the ids and usage chunk the gateway injected stripped), and
+the ledger they keep."""
 
 from __future__ import annotations
-
-import inspect
-import re
 
 import orjson
 import pytest
 
-from gateway import continuation, splice
-from gateway.continuation import (
-    StopAcrossSplice,
-    StreamLedger,
-    continuation_body,
-    max_tokens_left,
-    unsupported,
-    withheld_text,
-)
-from gateway.splice import ContinuationTap, LedgerTap
-
-
-@pytest.mark.parametrize("body,endpoint", [
-    ({"messages": [], "temperature": 0.7, "seed": 1, "stop": ["x"]}, "chat"),
-    ({"messages": [], "tools": [{"type": "function"}], "tool_choice": "none"}, "chat"),
-    ({"messages": [], "n": 1, "logprobs": False, "frequency_penalty": 0.0}, "chat"),
-    ({"prompt": "x", "response_format": {"type": "text"}}, "completions"),
-    ({"prompt": [1, 2, 3]}, "completions"),
-    ({"prompt": ["one prompt"]}, "completions"),
-])
-def test_continuable(body, endpoint):
-    assert unsupported(body, endpoint) is None
-
-
-@pytest.mark.parametrize("body,endpoint,why", [
-    ({"messages": [], "n": 2}, "chat", "more than one"),
-    ({"prompt": "x", "best_of": 3}, "completions", "more than one"),
-    ({"messages": [], "logprobs": True}, "chat", "logprobs"),
-    ({"prompt": "x", "logprobs": 0}, "completions", "logprobs"),
-    ({"prompt": "x", "echo": True}, "completions", "echo"),
-    ({"messages": [], "response_format": {"type": "json_schema", "json_schema": {}}}, "chat", "structured"),
-    ({"prompt": "x", "structured_outputs": {"regex": "a+"}}, "completions", "structured"),
-    ({"messages": [], "tools": [{"type": "function"}]}, "chat", "tool"),
-    ({"messages": [], "presence_penalty": 0.3}, "chat", "penalty"),
-    ({"prompt": ["a", "b"]}, "completions", "several prompts"),
-    ({"prompt": "x", "suffix": "y"}, "completions", "suffix"),
-])
-def test_not_continuable(body, endpoint, why):
-    assert why in unsupported(body, endpoint)
-
-
-def test_the_fast_path_knows_every_field_a_rule_reads():
-    """`unsupported` skips the rules for a body with none of `_RULE_FIELDS`:
-    a rule reading a field missing from that set would never run."""
-    source = inspect.getsource(continuation._ruled_out) + inspect.getsource(continuation._structured)
-    read = set(re.findall(r'body\.get\("(\w+)"', source)) | set(continuation._GUIDED)
-    assert read - {"prompt"} <= continuation._RULE_FIELDS
-    assert len(read) > 20  # the pattern still finds the rules' reads
-
-
-@pytest.mark.parametrize("field", sorted(continuation._RULE_FIELDS))
-def test_a_body_with_a_rule_field_gets_the_rules(field, monkeypatch):
-    seen = []
-    monkeypatch.setattr(continuation, "_ruled_out", lambda body, endpoint: seen.append(field) or "ruled")
-    assert unsupported({"messages": [], field: None}, "chat") == "ruled" and seen == [field]
-
-
-def ledger(prompt, sent, text="") -> StreamLedger:
-    led = StreamLedger()
-    led.prompt_ids = prompt
-    led.took(sent, text)
-    return led
-
-
-def test_continuation_body_is_the_token_prompt_and_the_rest_of_the_budget():
-    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 10, "max_tokens": 99,
-            "min_tokens": 4, "temperature": 0.9, "top_p": 0.5, "seed": 3, "stop": ["END"], "logit_bias": {"5": 1.0},
-            "stream_options": {"include_usage": False}, "tools": None, "return_token_ids": True}
-    out = continuation_body(body, "chat", ledger([1, 2], [7, 8, 9]), {"specgate_max_draft": 2})
-    assert out == {"model": "m", "prompt": [1, 2, 7, 8, 9], "temperature": 0.9, "top_p": 0.5, "seed": 3, "stop": ["END"],
-                   "logit_bias": {"5": 1.0}, "max_tokens": 7, "min_tokens": 1, "vllm_xargs": {"specgate_max_draft": 2},
-                   "stream": True, "stream_options": {"include_usage": True}, "return_token_ids": True}
-
-
-def test_max_tokens_left_follows_each_endpoints_default():
-    assert max_tokens_left({}, "completions", 5) == 11  # vLLM's completions default is 16
-    assert max_tokens_left({"max_tokens": None}, "completions", 5) is None
-    assert max_tokens_left({}, "chat", 5) is None  # chat: what fits in the context
-    assert max_tokens_left({"max_tokens": 8}, "chat", 5) == 3
-    assert continuation_body({"model": "m"}, "chat", ledger([1], [2]), None)["max_tokens"] is None
-
-
-def test_withheld_text_is_what_the_ids_decode_to_beyond_what_was_sent():
-    assert withheld_text("hello wor", "hello ") == "wor"
-    assert withheld_text("hello \ufffd", "hello ") == ""  # an incomplete character comes whole from the continuation
-    assert withheld_text("hullo", "hello") is None
-
-
-def test_stop_string_across_the_splice_ends_the_stream_where_vllm_would():
-    stop = StopAcrossSplice(["STOP"], include=False, sent_text="abc S", withheld="T")
-    assert stop.feed("O") == ("", None)  # could still be the start of STOP: held back
-    assert stop.feed("Pxyz") == ("", "STOP")  # "S" was sent before the break: nothing more
-
-
-def test_stop_string_found_after_the_splice_keeps_the_text_before_it():
-    stop = StopAcrossSplice(["<end>", "##"], include=False, sent_text="abc", withheld="")
-    out = []
-    for piece in ["de", "f <e", "nd> more"]:
-        text, hit = stop.feed(piece)
-        out.append(text)
-        if hit:
-            break
-    assert "".join(out) == "def " and hit == "<end>"
-
-
-def test_stop_string_included_in_the_output_when_asked():
-    stop = StopAcrossSplice(["##"], include=True, sent_text="x#", withheld="")
-    assert stop.feed("#tail") == ("#", "##")
-
-
-def test_no_stop_string_releases_everything_at_the_end():
-    stop = StopAcrossSplice(["STOP"], include=False, sent_text="", withheld="ab")
-    text, hit = stop.feed("cdef")
-    assert (text, hit) == ("abc", None)
-    assert stop.flush() == "def"
+from gateway.stream import taps
+from gateway.stream.ledger import StreamLedger
+from gateway.stream.taps import LedgerTap
 
 
 def sse(obj) -> bytes:
@@ -150,7 +35,7 @@ def test_ledger_tap_records_ids_and_strips_them_for_the_client():
         {**tok, "choices": [{k: v for k, v in tok["choices"][0].items() if k != "token_ids"}]},
     ]  # the empty delta existed only for its ids; the usage chunk was asked for by the gateway
     assert events[-1] == b"data: [DONE]" and tap.saw_done
-    assert tap.settle() is led
+    assert tap.ledger_so_far() is led
     assert (led.id, led.created, led.model, led.prompt_ids, led.sent_ids, led.sent_text) == ("c1", 5, "m", [1, 2], [42, 43], " hi")
     assert tap.usage == usage["usage"]
 
@@ -209,13 +94,13 @@ def _reads(raw: bytes, how: str) -> list[bytes]:
 def test_ledger_tap_relays_and_records_vllm_streams_as_parsing_each_event_would(monkeypatch, chat, events, strip_ids, how):
     raw = b"".join(e + b"\n\n" for e in events)
     parsed = [0]
-    real_payload = splice._payload
+    real_payload = taps.payload
 
     def counting_payload(event):
         parsed[0] += 1
         return real_payload(event)
 
-    monkeypatch.setattr(splice, "_payload", counting_payload)
+    monkeypatch.setattr(taps, "payload", counting_payload)
     led = StreamLedger()
     tap = LedgerTap(strip_usage=True, strip_ids=strip_ids, chat=chat, ledger=led)
     out = b"".join(tap.feed(r) for r in _reads(raw, how))
@@ -229,7 +114,7 @@ def test_ledger_tap_relays_and_records_vllm_streams_as_parsing_each_event_would(
     assert tap.saw_done and tap.usage == orjson.loads(events[-2][6:])["usage"] and tap.events == len(events)
     choices = [orjson.loads(e[6:]) for e in events[:-2]]
     first = choices[0] if chat else choices[0]["choices"][0]
-    settled = tap.settle()
+    settled = tap.ledger_so_far()
     assert settled is led
     assert led.id == choices[0]["id"] and led.prompt_ids == first["prompt_token_ids"]
     assert led.sent_ids == [i for c in choices for i in c["choices"][0].get("token_ids", [])]
@@ -239,7 +124,7 @@ def test_ledger_tap_relays_and_records_vllm_streams_as_parsing_each_event_would(
     # them; the token chunks, the last included, were cut off their bytes, however read.
     # (With the ids kept, a first chunk read alone has nothing to cut: relayed as it is.)
     assert parsed_while_relaying == 3 if strip_ids else 2 <= parsed_while_relaying <= 3
-    assert tap.settle().sent_ids == led.sent_ids  # settling twice records nothing twice
+    assert tap.ledger_so_far().sent_ids == led.sent_ids  # settling twice records nothing twice
 
 
 def test_ledger_tap_keeps_a_bounded_backlog_of_unparsed_events():
@@ -247,12 +132,12 @@ def test_ledger_tap_keeps_a_bounded_backlog_of_unparsed_events():
     tok = b'data: {"id":"cmpl-1","object":"text_completion","created":1,"model":"m","choices":[{"index":0,"text":"b","logprobs":null,"finish_reason":null,"stop_reason":null,"prompt_token_ids":null,"token_ids":[2]}]}\n\n'
     tap = LedgerTap(strip_usage=False, strip_ids=True, chat=False, ledger=StreamLedger())
     tap.feed(head)
-    n = 3 * splice.MAX_UNSETTLED_BYTES // len(tok)
+    n = 3 * taps.MAX_UNREAD_BYTES // len(tok)
     for _ in range(n):
         assert tap.feed(tok) == tok.replace(b',"prompt_token_ids":null,"token_ids":[2]', b"")
-        assert tap._unsettled_bytes <= splice.MAX_UNSETTLED_BYTES
+        assert tap._unread_bytes <= taps.MAX_UNREAD_BYTES
     assert len(tap.ledger.sent_ids) > n // 2  # settled in batches along the way
-    assert tap.settle().sent_ids == [1] + [2] * n and tap.ledger.sent_text == "a" + "b" * n
+    assert tap.ledger_so_far().sent_ids == [1] + [2] * n and tap.ledger.sent_text == "a" + "b" * n
 
 
 @pytest.mark.parametrize("read", [
@@ -267,12 +152,12 @@ def test_ledger_tap_keeps_a_bounded_backlog_of_unparsed_events():
 def test_reads_the_byte_path_cannot_cut_exactly_go_through_the_parser(read):
     parser = LedgerTap(strip_usage=False, strip_ids=True, chat=True, ledger=StreamLedger())
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(splice, "cut_token_ids", lambda *args: None)  # every event parsed
+        mp.setattr(taps, "cut_token_ids", lambda *args: None)  # every event parsed
         expected = parser.feed(read)
     assert expected != read or b'"token_ids":null' in read  # the parser did change it (or had nothing to cut)
     tap = LedgerTap(strip_usage=False, strip_ids=True, chat=True, ledger=StreamLedger())
     assert tap.feed(read) == expected
-    assert tap.settle().sent_text == parser.settle().sent_text == "a"
+    assert tap.ledger_so_far().sent_text == parser.ledger_so_far().sent_text == "a"
 
 
 _CHAT_TOKENS = b"".join(e + b"\n\n" for e in VLLM_CHAT[1:6])
@@ -316,13 +201,13 @@ def test_an_odd_event_among_token_chunks_gets_what_parsing_every_event_gives(odd
         one_per_read.append(odd)
     for reads in ([read[:1000], read[1000:]], [odd + tokens, tokens], one_per_read):
         with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(splice, "cut_token_ids", lambda *args: None)
+            mp.setattr(taps, "cut_token_ids", lambda *args: None)
             expected, parser = relay(LedgerTap(False, strip_ids, chat, StreamLedger(), hold_errors), reads)
         out, tap = relay(LedgerTap(False, strip_ids, chat, StreamLedger(), hold_errors), reads)
         assert out == expected
         assert (tap.events, tap.error, tap.usage, tap.saw_done) == (parser.events, parser.error, parser.usage, parser.saw_done)
-        assert tap.settle().sent_ids == parser.settle().sent_ids
-    assert splice.cut_token_ids(tokens, chat, strip_ids)[1] == tokens.count(b"\n\n")  # token chunks alone take the cut
+        assert tap.ledger_so_far().sent_ids == parser.ledger_so_far().sent_ids
+    assert taps.cut_token_ids(tokens, chat, strip_ids)[1] == tokens.count(b"\n\n")  # token chunks alone take the cut
 
 
 def test_ledger_tap_notes_an_engine_error_event_instead_of_forwarding_it():
@@ -338,26 +223,4 @@ def test_the_ledger_ends_where_a_held_engine_error_ended_the_stream(hold_errors)
     tap = LedgerTap(strip_usage=False, strip_ids=True, chat=False, ledger=StreamLedger(), hold_errors=hold_errors)
     out = tap.feed(first + token + error + late) + tap.feed(late)
     assert tap.error is not None and (error in out) is not hold_errors
-    assert tap.settle().sent_ids == ([503, 598] if hold_errors else [503, 598, 228, 229, 228, 229])
-
-
-def test_continuation_tap_rewrites_completion_chunks_into_the_clients_chat_stream():
-    led = ledger([1], [100], " a")
-    led.id, led.created, led.model = "chatcmpl-x", 9, "m"
-    tap = ContinuationTap(led, chat=True, client_ids=False, continuous=False, stop=None)
-    cont = {"id": "cmpl-y", "object": "text_completion", "created": 11, "model": "m",
-            "choices": [{"index": 0, "text": " b", "logprobs": None, "finish_reason": None, "stop_reason": None,
-                         "prompt_token_ids": [1, 100], "token_ids": [101]}]}
-    last = {**cont, "choices": [{**cont["choices"][0], "text": " c", "finish_reason": "length", "token_ids": [102]}]}
-    usage = {"id": "cmpl-y", "object": "text_completion", "created": 11, "model": "m", "choices": [],
-             "usage": {"prompt_tokens": 2, "completion_tokens": 2, "total_tokens": 4}}
-    out = tap.feed(sse(cont) + sse(last) + sse(usage) + b"data: [DONE]\n\n")
-    events = [orjson.loads(e[6:]) for e in out.split(b"\n\n") if e]
-    assert events == [
-        {"id": "chatcmpl-x", "object": "chat.completion.chunk", "created": 9, "model": "m",
-         "choices": [{"index": 0, "delta": {"content": " b"}, "logprobs": None, "finish_reason": None}]},
-        {"id": "chatcmpl-x", "object": "chat.completion.chunk", "created": 9, "model": "m",
-         "choices": [{"index": 0, "delta": {"content": " c"}, "logprobs": None, "finish_reason": "length", "stop_reason": None}]},
-    ]
-    assert tap.done and tap.saw_done and led.sent_ids == [100, 101, 102] and led.sent_text == " a b c"
-    assert led.usage() == {"prompt_tokens": 1, "total_tokens": 4, "completion_tokens": 3}
+    assert tap.ledger_so_far().sent_ids == ([503, 598] if hold_errors else [503, 598, 228, 229, 228, 229])
