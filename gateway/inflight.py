@@ -7,8 +7,12 @@ Why a registry and task cancellation: a request waits inside an upstream
 read that only a cancellation interrupts promptly; the request path sees
 `ctx.abort_reason` and turns the cancellation into a failover (no byte sent
 yet), a continuation or an SSE error event (stream under way), or a 503
-(shutdown). Also here: `Inflight`, the one place a replica's in-flight
-count of upstream attempts changes.
+(shutdown). Also here: `UpstreamAttempt`, the one place a replica's count
+of open upstream attempts (`ReplicaState.open_attempts`) changes.
+
+Names: "in flight" is a request this instance has taken and not answered
+(`InflightRequests`); an *attempt* is one upstream request for it, on one
+replica, open until its response is done with.
 """
 
 from __future__ import annotations
@@ -59,8 +63,8 @@ def take_abort(ctx: RequestContext, reason: str) -> bool:
     return True
 
 
-class Inflight:
-    """`with Inflight(replica, ctx):` one upstream attempt counts in the
+class UpstreamAttempt:
+    """`with UpstreamAttempt(replica, ctx):` one upstream attempt counts in the
     replica's load from before its request is sent until its response is done
     with, and is the request's current attempt (what a wedge abort targets)."""
 
@@ -71,11 +75,11 @@ class Inflight:
         self.ctx = ctx
 
     def __enter__(self) -> None:
-        self.replica.inflight += 1
+        self.replica.open_attempts += 1
         if self.ctx is not None:
             self.ctx.attempt = self.replica
 
     def __exit__(self, *exc) -> None:
-        self.replica.inflight -= 1
+        self.replica.open_attempts -= 1
         if self.ctx is not None:
             self.ctx.attempt = None

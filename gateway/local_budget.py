@@ -53,11 +53,11 @@ class LocalBudget:
         cost = min(tokens, max(1, math.floor(limits["tokens"]))) if tpm else tokens
         decision = await self._windows.consume_window(tenant_id, {"requests": 1, "tokens": cost}, limits, self.window_s)  # type: ignore[arg-type]
         if decision.allowed:
-            self._record(tenant_id, 1, tokens)
+            self._count(tenant_id, 1, tokens)
         used = {field: value * n for field, value in decision.used.items()}
         return WindowDecision(decision.allowed, decision.retry_after_s, used, decision.denied_field, decision.reset_s)
 
-    def _record(self, tenant_id: str, requests: int, tokens: int) -> None:
+    def _count(self, tenant_id: str, requests: int, tokens: int) -> None:
         second = int(self._clock())
         ledger = self._ledger.setdefault(tenant_id, deque())
         if ledger and ledger[-1][0] == second:

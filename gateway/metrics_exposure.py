@@ -30,7 +30,7 @@ def render(state: "ServedState") -> bytes:
     m = state.metrics
     for r in state.registry:
         m.replica_healthy.labels(r.name, r.profile or "unlabelled").set(1 if r.healthy else 0)
-        m.replica_inflight.labels(r.name).set(r.inflight)
+        m.replica_inflight.labels(r.name).set(r.open_attempts)
         m.replica_breaker_open.labels(r.name).set(0 if r.breaker.state(now) == "closed" else 1)
     m.policy_version.set(state.policies.version)
     _tenant_gauges(state)

@@ -14,8 +14,8 @@ filling in its part of one `RequestContext`:
     relay: upstream attempts with failover      relay.relay
       before the first byte, then the response
       (SSE events forwarded as they arrive)
-    settle: usage/telemetry accounting,         settle.account / on_error /
-      refunds, metrics, access log, spans         finish
+    outcome: budget settlement and refunds,     outcome.account / on_error /
+      telemetry, metrics, access log, spans       finish
 
 A client disconnect (seen by a watcher on ASGI `receive`) cancels the work,
 which closes the upstream connection so the replica aborts the request —
@@ -33,7 +33,7 @@ from .deps import RequestPathState
 from .errors import GatewayError
 from .relay import relay
 from .request_context import RequestContext
-from .settle import account, finish, on_error
+from .outcome import account, finish, on_error
 from .stages import admit, authenticate, parse, route
 
 __all__ = ["CompletionEndpoint", "send_error"]

@@ -3,8 +3,9 @@ then the response relayed to the client: a whole body here, a stream by
 `gateway.stream.relay` (SSE events forwarded as they arrive; a stream broken
 mid-way is continued on another replica or ends with an SSE error event).
 
-`replica.inflight` counts one upstream attempt, response relay included, and
-is changed in one place only (`inflight.Inflight`), so no error path can leak it.
+`replica.open_attempts` counts one upstream attempt, response relay included,
+and is changed in one place only (`inflight.UpstreamAttempt`), so no error
+path can leak it.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import orjson
 from .capture import strip_token_ids, whole_body_ids
 from .deps import RequestPathState
 from .errors import GatewayError
-from .inflight import Inflight, take_abort
+from .inflight import UpstreamAttempt, take_abort
 from .request_context import RequestContext
 from .stream.ends import RETRY_1, abort_error
 from .stream.relay import relay_stream
@@ -76,7 +77,7 @@ async def _attempts(state: RequestPathState, ctx: RequestContext, ranked: list, 
             await asyncio.sleep(backoff * random.uniform(0.5, 1.0))
         replica.breaker.on_attempt(now)
         body = bodies.for_replica(replica)
-        with Inflight(replica, ctx):
+        with UpstreamAttempt(replica, ctx):
             t_up = _perf()
             data = b""
             chunks = None

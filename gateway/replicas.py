@@ -1,7 +1,7 @@
 """Replica state as the gateway knows it (no I/O here).
 
 Health checks and /metrics scraping (`health.py`) write into these objects;
-the router reads them; the relay stage (`inflight.Inflight`) updates `inflight`, and the breaker.
+the router reads them; the relay stage (`inflight.UpstreamAttempt`) updates `open_attempts`, and the breaker.
 `Registry.snapshots()` hands the latest scrape of every replica to an
 embedded controller, so one process reads each /metrics once.
 """
@@ -35,12 +35,12 @@ class ReplicaState:
     last_error: str | None = None
     last_check: float = 0.0
     # Load: the replica's own gauges plus the gateway's in-flight count.
-    inflight: int = 0
+    open_attempts: int = 0
     running: float = 0.0
     waiting: float = 0.0
     kv_usage: float = 0.0
     metrics_at: float = 0.0
-    inflight_at_scrape: int = 0  # this gateway's in-flight count when the gauges were read
+    open_attempts_at_scrape: int = 0  # this gateway's open attempts when the gauges were read
     ext_knobs: frozenset[str] = frozenset()
     ext_engine_fixes: frozenset[str] = frozenset()  # vLLM fixes the replica's plugin put in force
     # The latest /metrics scrape (None = it failed) and when it was taken (monotonic).
@@ -68,7 +68,7 @@ class ReplicaState:
         self.running = snap.num_requests_running
         self.waiting = snap.num_requests_waiting
         self.kv_usage = snap.kv_cache_usage_perc
-        self.inflight_at_scrape = self.inflight
+        self.open_attempts_at_scrape = self.open_attempts
         self.ext_knobs = snap.ext_knobs
         self.ext_engine_fixes = snap.ext_engine_fixes
         self.metrics_at = at
@@ -85,8 +85,8 @@ class ReplicaState:
         made the lagging gauge steer: a replica that looked busier one scrape
         ago was starved until the next (16 closed-loop clients on two
         simulated replicas settled at 11 / 5)."""
-        others = max(0.0, self.running + self.waiting - self.inflight_at_scrape)
-        return self.inflight + others + self.waiting + 4.0 * self.kv_usage
+        others = max(0.0, self.running + self.waiting - self.open_attempts_at_scrape)
+        return self.open_attempts + others + self.waiting + 4.0 * self.kv_usage
 
     def describe(self, now: float | None = None) -> dict[str, Any]:
         now = time.monotonic() if now is None else now
@@ -98,7 +98,7 @@ class ReplicaState:
             "models": sorted(self.models | ({self.configured_model} if self.configured_model else set())),
             "healthy": self.healthy,
             "breaker": self.breaker.state(now),
-            "inflight": self.inflight,
+            "inflight": self.open_attempts,
             "running": self.running,
             "waiting": self.waiting,
             "kv_cache_usage": self.kv_usage,

@@ -1,8 +1,8 @@
 """One request's state as it moves through the stages of the request path
-(auth -> parse -> admit -> route -> relay -> settle).
+(auth -> parse -> admit -> route -> relay -> outcome).
 
 Each stage reads what earlier stages wrote and writes its own fields; the
-settle stage reads whatever was reached, so a request that failed early
+outcome stage reads whatever was reached, so a request that failed early
 still gets the right status, labels, refunds, spans and access-log line.
 Trace timestamps are named fields, taken only when the request is traced
 (`root` is set); spans are built from them after the response is out.

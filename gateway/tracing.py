@@ -72,7 +72,7 @@ class Tracing:
     def start(self, name: str, parent=None, kind: str = "internal", attributes: dict | None = None):
         return self._tracer.start_span(name, context=parent, kind=self._kinds[kind], attributes=attributes)
 
-    def record(self, name: str, parent, start_ns: int, end_ns: int, attributes: dict | None = None) -> None:
+    def span_at(self, name: str, parent, start_ns: int, end_ns: int, attributes: dict | None = None) -> None:
         """A finished internal span from timestamps taken earlier: lets the
         request path defer span construction until its response is out."""
         span = self._tracer.start_span(name, context=parent, kind=self._kinds["internal"], attributes=attributes, start_time=start_ns)

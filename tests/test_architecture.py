@@ -175,7 +175,7 @@ def test_streams_are_entered_through_the_relay_and_ended_through_ends():
     error helpers that the relay and the outcome stage share come from `gateway.stream.ends`, not the relay."""
     starts = sorted(m for m, deps in GRAPH.items() if "gateway.stream.relay" in deps and not m.startswith("gateway.stream."))
     assert starts == ["gateway.relay"]
-    assert "gateway.stream.ends" in GRAPH["gateway.settle"] and "gateway.relay" not in GRAPH["gateway.settle"]
+    assert "gateway.stream.ends" in GRAPH["gateway.outcome"] and "gateway.relay" not in GRAPH["gateway.outcome"]
     relay_importers = sorted(m for m, deps in GRAPH.items() if "gateway.relay" in deps and _top(m) == "gateway")
     assert relay_importers == ["gateway.proxy"]
 

@@ -14,7 +14,7 @@ event. One streamed request passes these modules once each, in this order:
                   shape (`contract.wire`'s chunk builders)
     ends          how a stream that cannot go on ends: the in-band error event
                   (and, before any byte, the 503 to retry), shared with the
-                  request's outcome stage (`gateway.settle`)
+                  request's outcome stage (`gateway.outcome`)
 
 `shape` holds the request-shape rule (one prompt, one output) that
 continuation and capture (`gateway.capture`) share.

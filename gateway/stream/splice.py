@@ -22,7 +22,7 @@ from contract import wire
 from contract.knobs import merged_xargs
 from contract.telemetry import RequestSpecStats
 
-from ..inflight import Inflight, take_abort
+from ..inflight import UpstreamAttempt, take_abort
 from ..upstream import UpstreamBroken, UpstreamConnectError, UpstreamTimeout, read_whole
 from .continuation import ContinuationRequest, ContinuationTap, client_chunk, continuation_body, usage_event
 from .ledger import StopAcrossSplice, StreamLedger, stop_strings, withheld_text
@@ -61,7 +61,7 @@ async def continue_stream(state: RequestPathState, ctx: RequestContext, req: Con
             return not_continued(metrics, ctx, "failed", "no healthy replica serves the model")
         tried.append(replica)
         replica.breaker.on_attempt(time.monotonic())
-        with Inflight(replica, ctx):
+        with UpstreamAttempt(replica, ctx):
             try:
                 outcome = await _one(state, ctx, req, ledger, replica, headers, send, g.first_byte_timeout_s, t_break)
             except asyncio.CancelledError:

@@ -12,7 +12,7 @@ from contract.policy import SpeculationPolicy
 
 def scraped(name: str, inflight_then: int, running: float, waiting: float = 0.0) -> ReplicaState:
     st = ReplicaState(name=name, url=f"http://{name}", profile="off", configured_model="m", healthy=True)
-    st.inflight = inflight_then
+    st.open_attempts = inflight_then
     st.observe_metrics(VllmMetricsSnapshot(num_requests_running=running, num_requests_waiting=waiting), at=0.0)
     return st
 
@@ -21,7 +21,7 @@ def test_own_requests_are_not_counted_twice():
     """A replica whose requests finished since the scrape is as free as its
     in-flight count says: the stale gauge held our own requests."""
     busy_then = scraped("a", inflight_then=10, running=10)
-    busy_then.inflight = 6  # four finished since
+    busy_then.open_attempts = 6  # four finished since
     steady = scraped("b", inflight_then=8, running=8)
     assert busy_then.load == pytest.approx(6)
     assert steady.load == pytest.approx(8)

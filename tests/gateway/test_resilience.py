@@ -101,7 +101,7 @@ def test_client_disconnect_cancels_non_streaming_upstream(start_backend, start_g
     assert backend.fake.stats["requests"] == 1  # it reached the replica before the client left
     wait_for(lambda: backend.fake.stats["cancelled"] == 1, timeout=15)
     assert backend.fake.stats["completed"] == 0
-    wait_for(lambda: gw.state.registry.get(next(iter(gw.state.registry.replicas))).inflight == 0, timeout=15)
+    wait_for(lambda: gw.state.registry.get(next(iter(gw.state.registry.replicas))).open_attempts == 0, timeout=15)
 
 
 def test_client_disconnect_cancels_streaming_upstream(start_backend, start_gateway):

@@ -1,6 +1,6 @@
 """The request path's stages in isolation (no sockets, no Redis): the parse
 stage's errors, admission, routing's trace marks, the relay's in-flight
-guard on every exit, and the settle stage's refund rule."""
+guard on every exit, and the outcome stage's refund rule."""
 
 from __future__ import annotations
 
@@ -16,11 +16,11 @@ from contract.store import WindowDecision
 from gateway.asgi_io import ClientGone
 from gateway.errors import GatewayError
 from gateway.metrics import GatewayMetrics
-from gateway.inflight import Inflight
+from gateway.inflight import UpstreamAttempt
 from gateway.relay import relay
 from gateway.replicas import Registry
 from gateway.request_context import RequestContext
-from gateway.settle import account, on_error, record_spans
+from gateway.outcome import account, deferred_spans, on_error
 from gateway.stages import admit, parse, parse_body, route
 from gateway.upstream import UpstreamConnectError, UpstreamTimeout
 
@@ -237,11 +237,11 @@ def test_route_marks_when_traced_and_503_when_nothing_is_routable():
 
 # -- relay: the in-flight guard --------------------------------------------
 def test_inflight_guard_under_an_exception():
-    replica = SimpleNamespace(inflight=0)
-    with pytest.raises(RuntimeError), Inflight(replica):
-        assert replica.inflight == 1
+    replica = SimpleNamespace(open_attempts=0)
+    with pytest.raises(RuntimeError), UpstreamAttempt(replica):
+        assert replica.open_attempts == 1
         raise RuntimeError("boom")
-    assert replica.inflight == 0
+    assert replica.open_attempts == 0
 
 
 def relay_ctx(state, stream=False):
@@ -267,7 +267,7 @@ async def test_no_attempt_leaks_inflight(outcomes):
     state = make_state(upstream=FakeUpstream(*outcomes), breaker_failures=100)
     with pytest.raises((RuntimeError, asyncio.CancelledError, GatewayError)):
         await _relay(state, relay_ctx(state))
-    assert [r.inflight for r in state.replica_list] == [0, 0]
+    assert [r.open_attempts for r in state.replica_list] == [0, 0]
 
 
 async def test_failover_outcomes_and_final_errors():
@@ -300,14 +300,14 @@ async def test_inflight_covers_the_relay_and_is_released_when_the_client_send_fa
     seen = []
 
     async def send(message):
-        seen.append([r.inflight for r in state.replica_list])
+        seen.append([r.open_attempts for r in state.replica_list])
         raise OSError("client socket closed")
 
     ctx = relay_ctx(state)
     with pytest.raises(OSError):
         await _relay(state, ctx, send)
     assert seen == [[0, 1]]  # a failed over, b held while relaying
-    assert [r.inflight for r in state.replica_list] == [0, 0]
+    assert [r.open_attempts for r in state.replica_list] == [0, 0]
     assert ctx.replica.name == "b"
 
 
@@ -322,10 +322,10 @@ async def test_stream_relay_injects_and_strips_usage():
     out = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
     assert b"usage" not in out and out.endswith(b"data: [DONE]\n\n")
     assert (ctx.status, ctx.usage) == (200, {"prompt_tokens": 1, "completion_tokens": 1})
-    assert state.replica_list[0].inflight == 0
+    assert state.replica_list[0].open_attempts == 0
 
 
-# -- settle: the refund rule ---------------------------------------------------
+# -- outcome: the refund rule ---------------------------------------------------
 @pytest.mark.parametrize(
     ("status", "reserved_live", "refunded"),
     [(503, True, True), (502, True, True), (429, True, False), (504, True, False), (500, True, False), (503, False, False)],
@@ -372,13 +372,13 @@ async def test_on_error_client_gone_unexpected_and_foreign_cancellation():
 
 def test_spans_only_for_stages_reached():
     recorded = []
-    tracing = SimpleNamespace(record=lambda name, parent, start, end, attrs: recorded.append((name, start, end, attrs)))
-    record_spans(tracing, make_ctx())
+    tracing = SimpleNamespace(span_at=lambda name, parent, start, end, attrs: recorded.append((name, start, end, attrs)))
+    deferred_spans(tracing, make_ctx())
     assert recorded == []
-    record_spans(tracing, make_ctx(t_auth_start_ns=1, t_auth_end_ns=2, authenticated=False))
+    deferred_spans(tracing, make_ctx(t_auth_start_ns=1, t_auth_end_ns=2, authenticated=False))
     assert recorded == [("auth", 1, 2, {"specgate.authenticated": False})]
     recorded.clear()
-    record_spans(tracing, make_ctx(t_auth_start_ns=1, t_auth_end_ns=2, authenticated=True, t_route_start_ns=3, t_route_end_ns=4, candidates=["a"]))
+    deferred_spans(tracing, make_ctx(t_auth_start_ns=1, t_auth_end_ns=2, authenticated=True, t_route_start_ns=3, t_route_end_ns=4, candidates=["a"]))
     assert recorded == [("auth", 1, 2, {"specgate.authenticated": True}), ("route", 3, 4, {"specgate.candidates": ["a"]})]
 
 
@@ -427,7 +427,7 @@ async def test_a_request_aborted_as_its_replica_wedged_fails_over_before_the_fir
     assert registry.abort("replica_wedged", a) == 1
     await asyncio.wait_for(task, 5)
     assert sent[0]["status"] == 200 and (b"x-specgate-replica", b"b") in sent[0]["headers"]
-    assert ctx.replica.name == "b" and [r.inflight for r in state.replica_list] == [0, 0]
+    assert ctx.replica.name == "b" and [r.open_attempts for r in state.replica_list] == [0, 0]
 
 
 async def test_a_request_ended_by_the_drain_deadline_before_any_byte_gets_a_503_to_retry():

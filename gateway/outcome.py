@@ -1,4 +1,4 @@
-"""The settle stage: what happens once the response is out (or the request
+"""The outcome stage: what happens once the response is out (or the request
 failed): budget settlement and refunds, usage/telemetry accounting, and for
 every request its metrics, access-log line and deferred spans.
 
@@ -55,7 +55,7 @@ def account(state: RequestPathState, ctx: RequestContext) -> None:
     metrics.tokens.inc((label, "prompt"), stats.prompt_tokens)
     metrics.tokens.inc((label, "completion"), stats.completion_tokens)
     for replica_name, part in ctx.parts or ((ctx.replica_name, stats),):
-        _record(state, ctx, replica_name, part)
+        _replica_telemetry(state, ctx, replica_name, part)
     if ctx.capture is not None:
         _capture(state, ctx, usage)
 
@@ -85,7 +85,7 @@ def _capture(state: RequestPathState, ctx: RequestContext, usage: dict) -> None:
     state.capture.finished(ctx.capture, sample)
 
 
-def _record(state: RequestPathState, ctx: RequestContext, replica_name: str, stats: RequestSpecStats) -> None:
+def _replica_telemetry(state: RequestPathState, ctx: RequestContext, replica_name: str, stats: RequestSpecStats) -> None:
     """Telemetry of what one replica produced (all of a request, or its part of a continued stream)."""
     state.accounting.record(ctx.tenant.id, replica_name, stats)
     metrics = state.metrics
@@ -170,7 +170,7 @@ def finish(state: RequestPathState, ctx: RequestContext) -> None:
     request/latency metrics, the access-log line."""
     elapsed = _perf() - ctx.t0
     if ctx.root is not None:
-        record_spans(state.tracing, ctx)
+        deferred_spans(state.tracing, ctx)
     metrics = state.metrics
     status = str(ctx.status)
     replica_name = ctx.replica_name
@@ -191,13 +191,13 @@ def finish(state: RequestPathState, ctx: RequestContext) -> None:
         )
 
 
-def record_spans(tracing, ctx: RequestContext) -> None:
+def deferred_spans(tracing, ctx: RequestContext) -> None:
     """The auth and route spans, from the timestamps their stages took: the
     same spans as if opened live, but their SDK cost is off the latency path.
     (Only the root and proxy spans must exist before the upstream call, for
     `traceparent`.) A stage not reached gets no span."""
     parent = ctx.root_ctx
     if ctx.t_auth_end_ns:
-        tracing.record("auth", parent, ctx.t_auth_start_ns, ctx.t_auth_end_ns, {"specgate.authenticated": ctx.authenticated})
+        tracing.span_at("auth", parent, ctx.t_auth_start_ns, ctx.t_auth_end_ns, {"specgate.authenticated": ctx.authenticated})
     if ctx.candidates is not None:
-        tracing.record("route", parent, ctx.t_route_start_ns, ctx.t_route_end_ns, {"specgate.candidates": ctx.candidates})
+        tracing.span_at("route", parent, ctx.t_route_start_ns, ctx.t_route_end_ns, {"specgate.candidates": ctx.candidates})
