@@ -17,6 +17,39 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 
+@dataclass(frozen=True)
+class StepCell:
+    """Sums over the engine steps of one cell, as the specgate extension times them in the
+    worker (drafters/vllm_ext/step_timing.py): cells are (batch, tokens, drafting), batch and
+    forward tokens bucketed to the next power of two, drafting 1 when the drafter ran after
+    the step. sums / steps are exact per-step means, idle time excluded."""
+
+    steps: float = 0.0
+    seconds: float = 0.0
+    requests: float = 0.0  # scheduled requests, summed over the steps
+    tokens: float = 0.0  # forward tokens (prefill, decode and drafts)
+    draft_tokens: float = 0.0  # drafted tokens verified
+
+    def minus(self, old: "StepCell") -> "StepCell":
+        return StepCell(*(max(0.0, a - b) for a, b in zip(self.values(), old.values())))
+
+    def values(self) -> tuple[float, ...]:
+        return self.steps, self.seconds, self.requests, self.tokens, self.draft_tokens
+
+
+# The extension's counter families on a replica's /metrics -> the StepCell field each sums
+# (one definition: the plugin exports these names, the snapshot reads them).
+ENGINE_STEP_FAMILIES: dict[str, str] = {
+    "specgate_engine_steps": "steps",
+    "specgate_engine_step_seconds": "seconds",
+    "specgate_engine_step_requests": "requests",
+    "specgate_engine_step_tokens": "tokens",
+    "specgate_engine_step_draft_tokens": "draft_tokens",
+}
+STEP_CELL_LABELS = ("batch", "tokens", "drafting")
+StepCellKey = tuple[int, int, int]
+
+
 @dataclass
 class VllmMetricsSnapshot:
     num_requests_running: float = 0.0
@@ -45,6 +78,9 @@ class VllmMetricsSnapshot:
     # Fixes of vLLM itself the plugin put in force in the replica's workers
     # (drafters/vllm_ext/expand_fix.py): which replicas run on a patched engine.
     ext_engine_fixes: frozenset[str] = frozenset()
+    # Engine steps timed by the extension, per (batch, tokens, drafting) cell (cumulative);
+    # empty on a replica without it.
+    engine_steps: dict[StepCellKey, StepCell] = field(default_factory=dict)
     model_names: frozenset[str] = frozenset()
 
     @property
@@ -81,6 +117,7 @@ _READ = tuple(
             "vllm:prompt_tokens_by_source",
             "vllm:iteration_tokens_total",
             "specgate_ext_info",
+            *ENGINE_STEP_FAMILIES,
         }
     )
 )
@@ -108,6 +145,7 @@ def parse_vllm_metrics(text: str) -> VllmMetricsSnapshot:
     snap = VllmMetricsSnapshot()
     models: set[str] = set()
     sums: dict[str, float] = {}
+    cells: dict[StepCellKey, dict[str, float]] = {}
     text = relevant_lines(text)
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
@@ -133,6 +171,14 @@ def parse_vllm_metrics(text: str) -> VllmMetricsSnapshot:
                     sums["iteration_tokens_sum"] = sums.get("iteration_tokens_sum", 0.0) + value
                 elif name.endswith("_count"):
                     sums["iteration_tokens_count"] = sums.get("iteration_tokens_count", 0.0) + value
+            elif family.name in ENGINE_STEP_FAMILIES and name == family.name + "_total":
+                try:
+                    key = tuple(int(labels[k]) for k in STEP_CELL_LABELS)
+                except (KeyError, ValueError):
+                    continue
+                cell = cells.setdefault(key, {})  # type: ignore[arg-type]
+                attr = ENGINE_STEP_FAMILIES[family.name]
+                cell[attr] = cell.get(attr, 0.0) + value
             elif family.name == "specgate_ext_info" and name == "specgate_ext_info" and value > 0:
                 snap.ext_version = labels.get("version")
                 snap.ext_knobs = frozenset(k for k in labels.get("knobs", "").split(",") if k)
@@ -144,6 +190,7 @@ def parse_vllm_metrics(text: str) -> VllmMetricsSnapshot:
             sums[attr] = sums[attr] / max(count, 1)
     for attr, value in sums.items():
         setattr(snap, attr, value)
+    snap.engine_steps = {key: StepCell(**fields) for key, fields in cells.items()}
     snap.model_names = frozenset(models)
     return snap
 

@@ -116,7 +116,7 @@ class ReplicaCost:
         n = max(verify_tokens, batch, 1.0)
         drafting = 0.0 if draft_len <= 0 else max(batch if drafting_batch is None else drafting_batch, 0.0)
         slots = (draft_len + 1) / (self.observed_block + 1) if self.observed_block > 0 and draft_len > 0 else 1.0
-        return self.curve.step_time_s(n, drafting * slots, 1.0 if drafting > 0 else 0.0)
+        return self.curve.step_time_s(n, drafting * slots, 1.0 if drafting > 0 else 0.0, max(batch, 1.0))
 
     def knee_tokens(self, batch: float, context_tokens: float) -> float:
         return self.curve.knee_tokens
@@ -128,6 +128,12 @@ class ReplicaCost:
         if drafting_requests > 0 and block > 0:
             self.observed_block = block
         return self.learner.observe(dt_s, steps, forward_tokens, drafting_requests, batch, prompt_tokens, prompt_chunk)
+
+    def observe_cells(self, dt_s: float, cells: dict, block: int = 0) -> bool:
+        """One scrape interval's engine-timed steps (`StepCostLearner.observe_cells`)."""
+        if block > 0 and any(drafting for (_, _, drafting) in cells):
+            self.observed_block = block
+        return self.learner.observe_cells(dt_s, cells)
 
     def describe(self) -> dict:
         return self.learner.describe()

@@ -131,6 +131,9 @@ class ReplicaEstimator:
             if sample.generation_tokens > 0:
                 ratio = sample.prompt_tokens / sample.generation_tokens
                 est.prefill_ratio = ratio if est.samples == 1 else b * ratio + (1 - b) * est.prefill_ratio
+            if sample.engine_steps:
+                # The extension timed the steps themselves: exact points, idle time excluded.
+                est.cost.observe_cells(sample.dt_s, sample.engine_steps, est.block)
             if sample.busy_throughout:
                 # The interval is all steps only when the engine never idled in it.
                 est.step_time_s = step if est.step_time_s is None else a * step + (1 - a) * est.step_time_s
@@ -146,8 +149,9 @@ class ReplicaEstimator:
                 # does: at >= 1 draft per step on average, nearly all of them.
                 phi = min(1.0, sample.drafts / sample.iterations)
                 batch = max(requests_per_step, 1.0)
-                est.cost.observe(sample.dt_s, sample.iterations, sample.forward_tokens,
-                                 phi * batch * sample.iterations, batch, sample.prefill_tokens, chunk, est.block)
+                if not sample.engine_steps:
+                    est.cost.observe(sample.dt_s, sample.iterations, sample.forward_tokens,
+                                     phi * batch * sample.iterations, batch, sample.prefill_tokens, chunk, est.block)
         elif sample.running < 1:
             est.tokens_per_step = None if est.tokens_per_step is None else (1 - a) * est.tokens_per_step
         if sample.drafts > 0:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import httpx
 
 from contract.telemetry import COUNTER_FIELDS, TelemetryCounters
-from contract.vllm_metrics import VllmMetricsSnapshot, fetch_metrics
+from contract.vllm_metrics import StepCell, StepCellKey, VllmMetricsSnapshot, fetch_metrics
 
 
 def counter_delta(previous: float | None, current: float | None) -> float:
@@ -59,6 +59,9 @@ class ReplicaSample:
     dram_active: float | None = None
     supports_knobs: bool = False
     engine_fixes: frozenset[str] = frozenset()  # vLLM fixes in force on the replica (specgate_ext_info)
+    # Engine steps the extension timed in the interval, per (batch, tokens, drafting) cell
+    # (contract.vllm_metrics.StepCell); empty where the replica does not export them.
+    engine_steps: dict[StepCellKey, StepCell] = field(default_factory=dict)
     restarted: bool = False
 
     @property
@@ -84,6 +87,18 @@ class ReplicaSample:
     def prefill_tokens(self) -> float:
         """Prompt tokens the engine computed (not served from the prefix cache) in the interval."""
         return self.prompt_tokens if self.prompt_tokens_computed is None else self.prompt_tokens_computed
+
+
+def step_deltas(old: dict[StepCellKey, StepCell], new: dict[StepCellKey, StepCell]) -> dict[StepCellKey, StepCell]:
+    """PURE: per-cell increments of the extension's step counters; a cell whose step count fell
+    restarted with the engine (its new sums are the increments), a cell without a step is dropped."""
+    out: dict[StepCellKey, StepCell] = {}
+    for key, cell in new.items():
+        before = old.get(key)
+        delta = cell if before is None or cell.steps < before.steps else cell.minus(before)
+        if delta.steps > 0:
+            out[key] = delta
+    return out
 
 
 class ReplicaDeltaTracker:
@@ -149,6 +164,7 @@ class ReplicaDeltaTracker:
             dram_active=snap.dram_active,
             supports_knobs=snap.supports_knobs,
             engine_fixes=snap.ext_engine_fixes,
+            engine_steps=step_deltas(old.engine_steps, snap.engine_steps),
             restarted=restarted,
         )
 

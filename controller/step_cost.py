@@ -22,10 +22,19 @@ scrape interval gives one averaged point (see
   step (vLLM drafts batch-wide: a request whose drafts were not scheduled
   still paid for them; see `ReplicaEstimator.update`).
 
-The model is flat-then-linear, plus the drafter's pass (a fixed part -- its
-weights are read once per step -- and a part per drafting request):
+Where the replica runs the specgate extension, its engine steps are timed in
+the worker instead (drafters/vllm_ext/step_timing.py): per (batch, tokens,
+drafting) cell, exact per-step means with no idle time, so each scrape adds
+several points at known batch sizes (`observe_cells`); the interval estimate
+above is the fallback for replicas without it.
 
-    t(N, D) = flat + slope * max(0, N - knee) + draft_fixed * phi + draft * D
+The model is flat-then-linear in forward tokens, plus a part per scheduled
+request (its own sampling, bookkeeping and KV reads: what makes one request
+verifying nine tokens cheaper than nine requests), plus the drafter's pass (a
+fixed part -- its weights are read once per step -- and a part per drafting
+request):
+
+    t(N, R, D) = flat + request * R + slope * max(0, N - knee) + draft_fixed * phi + draft * D
 
 (flat-then-linear fitted the CPU bed's 12 measured points to 7% median
 error; the roofline is the same shape). Points are kept in bins of N and of
@@ -34,7 +43,7 @@ steady load adds evidence to one point instead of flooding the fit, memory is
 bounded, and a machine whose speed drifts (a co-tenant) is followed within a
 few half-lives. Each refit scans a grid of knees and solves a small weighted
 least-squares problem (relative error) for (flat, slope, draft_fixed,
-draft) per knee.
+draft, request) per knee.
 
 The prior -- a roofline preset's curve when `--gpu/--model` are given, a
 generic shape otherwise -- enters only as weak ridge terms on the curve's
@@ -45,11 +54,14 @@ no data at all the prior itself is the curve.
 
 from __future__ import annotations
 
+import itertools
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
+
+from contract.vllm_metrics import StepCell
 
 # A knee is searched on this geometric grid (tokens per step), from 4: no
 # engine is compute-bound at a handful of tokens per step (the slowest
@@ -65,19 +77,21 @@ KNEE_GRID: tuple[float, ...] = tuple(round(2 ** (i / 4), 3) for i in range(8, 4 
 
 @dataclass(frozen=True)
 class StepCurve:
-    """t(N, D) = flat + slope * max(0, N - knee) + draft_fixed * phi + draft * D (seconds)."""
+    """t(N, R, D) = flat + request * R + slope * max(0, N - knee) + draft_fixed * phi + draft * D (seconds)."""
 
     flat_s: float
     knee_tokens: float
     slope_s: float  # seconds per forward token above the knee
     draft_s: float = 0.0  # seconds per drafting request in the step (the drafter's pass)
     draft_fixed_s: float = 0.0  # seconds per step in which anyone drafts
+    request_s: float = 0.0  # seconds per scheduled request
 
-    def step_time_s(self, tokens: float, drafting: float = 0.0, share: float | None = None) -> float:
-        """`share`: fraction of steps that draft (default: all when `drafting` > 0)."""
+    def step_time_s(self, tokens: float, drafting: float = 0.0, share: float | None = None, requests: float = 0.0) -> float:
+        """`share`: fraction of steps that draft (default: all when `drafting` > 0);
+        `requests`: scheduled requests in the step (0: the request term left out)."""
         phi = (1.0 if drafting > 0 else 0.0) if share is None else min(max(share, 0.0), 1.0)
         return (
-            self.flat_s + self.slope_s * max(0.0, tokens - self.knee_tokens)
+            self.flat_s + self.request_s * max(requests, 0.0) + self.slope_s * max(0.0, tokens - self.knee_tokens)
             + self.draft_fixed_s * phi + self.draft_s * max(drafting, 0.0)
         )
 
@@ -108,6 +122,7 @@ class StepPoint:
     weight: float = 1.0  # seconds of engine time behind it
     burst_tokens: float = 0.0  # prompt tokens in a step that carries a prefill chunk
     burst_share: float = 0.0  # fraction of steps that carry one
+    requests: float = 0.0  # scheduled requests per step (0: unknown, the request term is not fitted on it)
 
     def over_knee(self, knee: float) -> float:
         """Mean forward tokens above `knee` per step (the slope's regressor)."""
@@ -121,11 +136,12 @@ class StepPoint:
 
     def predicted_s(self, curve: StepCurve) -> float:
         """The mean step time `curve` predicts for this point's mix of steps."""
-        plain = curve.step_time_s(self.tokens, self.drafting, self.share)
+        plain = curve.step_time_s(self.tokens, self.drafting, self.share, self.requests)
         q = min(max(self.burst_share, 0.0), 1.0)
         if q <= 0:
             return plain
-        return (1.0 - q) * plain + q * curve.step_time_s(self.tokens + self.burst_tokens, self.drafting, self.share)
+        return (1.0 - q) * plain + q * curve.step_time_s(self.tokens + self.burst_tokens, self.drafting, self.share,
+                                                         self.requests)
 
 
 @dataclass(frozen=True)
@@ -137,6 +153,7 @@ class Prior:
     knee_strength: float = 0.02  # ridge weight on ln(knee / prior knee)^2
     shape_strength: float = 0.05  # ridge weight on (slope*knee - shape*flat)^2 / flat_ref^2
     draft_strength: float = 0.05  # ridge weight on the drafter's two costs relative to flat (as for shape)
+    request_strength: float = 0.05  # ridge weight on the per-request cost relative to flat (as for shape)
     # The drafter's pass per drafting request in target forward tokens (its
     # share of the target's work per token x the slots it proposes). When > 0
     # the per-request cost leans on slope x this instead of on the flat level:
@@ -161,32 +178,39 @@ def _solve(rows: np.ndarray, rhs: np.ndarray, free: Sequence[int]) -> np.ndarray
     return theta if np.all(np.isfinite(theta)) else None
 
 
-# Parameter subsets (flat always free); the others are pinned at 0.
-_ACTIVE_SETS = ((0, 1, 2, 3), (0, 1, 2), (0, 1, 3), (0, 2, 3), (0, 1), (0, 2), (0, 3), (0,))
+# Parameter subsets, largest first (flat always free); the others are pinned at 0.
+# Columns: flat, slope, draft_fixed, draft, request.
+_ACTIVE_SETS = tuple(
+    (0, *rest) for size in range(4, -1, -1) for rest in itertools.combinations((1, 2, 3, 4), size)
+)
 
 
 def _fit_at_knee(points: Sequence[StepPoint], knee: float, prior: Prior, weight_cap: float) -> tuple[float, StepCurve] | None:
-    """Weighted least squares (relative error) for (flat, slope, draft_fixed, draft) at a fixed knee."""
+    """Weighted least squares (relative error) for (flat, slope, draft_fixed, draft, request) at a fixed knee."""
     pc = prior.curve
     flat_ref = float(np.median([p.step_s for p in points]))
     d_ref = max((p.drafting for p in points), default=0.0) or 8.0
+    r_ref = max((p.requests for p in points), default=0.0) or 8.0
     fixed_ratio = pc.draft_fixed_s / pc.flat_s if pc.flat_s > 0 else 0.0
     draft_ratio = pc.draft_s / pc.flat_s if pc.flat_s > 0 else 0.0
+    request_ratio = pc.request_s / pc.flat_s if pc.flat_s > 0 else 0.0
     rows: list[list[float]] = []
     rhs: list[float] = []
     for p in points:
         w = math.sqrt(min(p.weight, weight_cap)) / p.step_s
-        rows.append([w, w * p.over_knee(knee), w * p.share, w * p.drafting])
+        rows.append([w, w * p.over_knee(knee), w * p.share, w * p.drafting, w * p.requests])
         rhs.append(w * p.step_s)
     sb = math.sqrt(prior.shape_strength) / flat_ref
-    rows.append([-sb * pc.shape, sb * knee, 0.0, 0.0])
+    rows.append([-sb * pc.shape, sb * knee, 0.0, 0.0, 0.0])
     sg = math.sqrt(prior.draft_strength) / flat_ref
-    rows.append([-sg * fixed_ratio, 0.0, sg, 0.0])
+    rows.append([-sg * fixed_ratio, 0.0, sg, 0.0, 0.0])
     if prior.draft_work_tokens > 0:
-        rows.append([0.0, -sg * prior.draft_work_tokens * d_ref, 0.0, sg * d_ref])
+        rows.append([0.0, -sg * prior.draft_work_tokens * d_ref, 0.0, sg * d_ref, 0.0])
     else:
-        rows.append([-sg * draft_ratio * d_ref, 0.0, 0.0, sg * d_ref])
-    rhs += [0.0, 0.0, 0.0]
+        rows.append([-sg * draft_ratio * d_ref, 0.0, 0.0, sg * d_ref, 0.0])
+    sr = math.sqrt(prior.request_strength) / flat_ref
+    rows.append([-sr * request_ratio * r_ref, 0.0, 0.0, 0.0, sr * r_ref])
+    rhs += [0.0, 0.0, 0.0, 0.0]
     a, y = np.asarray(rows, dtype=float), np.asarray(rhs, dtype=float)
     best: tuple[float, StepCurve] | None = None
     for free in _ACTIVE_SETS:
@@ -200,8 +224,9 @@ def _fit_at_knee(points: Sequence[StepPoint], knee: float, prior: Prior, weight_
         resid = a @ theta - y
         cost = float(resid @ resid) + prior.knee_strength * math.log(knee / pc.knee_tokens) ** 2
         if best is None or cost < best[0] - 1e-15:
-            best = cost, StepCurve(float(theta[0]), knee, float(theta[1]), float(theta[3]), float(theta[2]))
-        if len(free) == 4:
+            best = cost, StepCurve(float(theta[0]), knee, float(theta[1]), float(theta[3]), float(theta[2]),
+                                   float(theta[4]))
+        if len(free) == 5:
             break  # the unconstrained optimum is feasible: nothing can beat it
     return best
 
@@ -262,12 +287,18 @@ class _Bin:
     drafting_steps: float = 0.0
     prompt: float = 0.0  # prefill tokens (not in `tokens`)
     burst_steps: float = 0.0  # steps that carried them
+    requests: float = 0.0  # scheduled requests, summed over the steps
+
+    def scale(self, factor: float) -> None:
+        for name in self.__dataclass_fields__:
+            setattr(self, name, getattr(self, name) * factor)
 
 
-def _bin_key(tokens_per_step: float, drafting_share: float) -> tuple[int, int]:
-    """Quarter-octave bins of N; drafting share none / some / all."""
+def _bin_key(tokens_per_step: float, drafting_share: float, requests_per_step: float) -> tuple[int, int, int]:
+    """Quarter-octave bins of N; drafting share none / some / all; octaves of the batch."""
     share = 0 if drafting_share <= 0.05 else (2 if drafting_share >= 0.95 else 1)
-    return int(round(4 * math.log2(max(tokens_per_step, 1.0)))), share
+    return (int(round(4 * math.log2(max(tokens_per_step, 1.0)))), share,
+            int(round(math.log2(max(requests_per_step, 1.0)))))  # fmt: skip
 
 
 @dataclass
@@ -278,16 +309,28 @@ class StepCostLearner:
     half_life_s: float = 300.0
     floor_s: float = 1.0  # an old bin's weight decays to this, not to zero
     min_steps: float = 1.0  # an interval without a whole step says nothing (slow steps: 2-3 per scrape on a CPU)
-    bins: dict[tuple[int, int], _Bin] = field(default_factory=dict)
+    bins: dict[tuple[int, int, int], _Bin] = field(default_factory=dict)
     observations: int = 0
     curve: StepCurve | None = None
+    timed: bool = False  # fitted on engine-timed steps (observe_cells) rather than scrape intervals
+
+    def _decay(self, dt_s: float) -> None:
+        decay = 0.5 ** (dt_s / self.half_life_s) if self.half_life_s > 0 else 0.0
+        for b in self.bins.values():
+            # Old evidence fades toward a floor instead of vanishing: a load
+            # region not visited for many half-lives (light load during a long
+            # heavy phase) still pins the curve there, weakly, and new evidence
+            # in the same bin outweighs it at once. (Memory stays bounded: the
+            # bins are a fixed grid.)
+            b.scale(decay if b.seconds * decay >= self.floor_s else min(1.0, self.floor_s / b.seconds))
 
     def observe(self, dt_s: float, steps: float, forward_tokens: float, drafting_requests: float, batch: float,
                 prompt_tokens: float = 0.0, prompt_chunk: float | None = None) -> bool:
         """Fold one busy scrape interval in; returns True when it was kept.
 
         `forward_tokens` and `drafting_requests` are the interval's totals;
-        `batch` (requests per step) decides the drafting share's bin.
+        `batch` (requests per step) decides the drafting share's bin and is
+        the step's request count.
         `prompt_tokens` (of the forward tokens, those prefilled) arrive in
         chunks of `prompt_chunk` (the mean prompt; None: unknown, read as
         spread evenly over the steps), so a share prompt / (steps x chunk) of
@@ -297,33 +340,45 @@ class StepCostLearner:
             return False
         prompt = min(max(prompt_tokens, 0.0), forward_tokens)
         burst_steps = steps if not prompt_chunk or prompt_chunk <= 0 else min(steps, prompt / prompt_chunk)
-        decay = 0.5 ** (dt_s / self.half_life_s) if self.half_life_s > 0 else 0.0
-        for b in self.bins.values():
-            # Old evidence fades toward a floor instead of vanishing: a load
-            # region not visited for many half-lives (light load during a long
-            # heavy phase) still pins the curve there, weakly, and new evidence
-            # in the same bin outweighs it at once. (Memory stays bounded: the
-            # bins are a fixed grid.)
-            scale = decay if b.seconds * decay >= self.floor_s else min(1.0, self.floor_s / b.seconds)
-            b.seconds *= scale
-            b.steps *= scale
-            b.tokens *= scale
-            b.drafting *= scale
-            b.drafting_steps *= scale
-            b.prompt *= scale
-            b.burst_steps *= scale
+        self._decay(dt_s)
         n = forward_tokens / steps
         share = (drafting_requests / steps) / max(batch, 1.0)
-        b = self.bins.setdefault(_bin_key(n, share), _Bin())
+        b = self.bins.setdefault(_bin_key(n, share, batch), _Bin())
         b.seconds += dt_s
         b.steps += steps
         b.tokens += forward_tokens - prompt
         b.drafting += drafting_requests
         b.drafting_steps += min(share, 1.0) * steps
+        b.requests += max(batch, 1.0) * steps
         if prompt > 0:
             b.prompt += prompt
             b.burst_steps += burst_steps
         self.observations += 1
+        self.curve = fit_step_curve(self.points(), self.prior)
+        return True
+
+    def observe_cells(self, dt_s: float, cells: Mapping[tuple[int, int, int], StepCell]) -> bool:
+        """Fold in one scrape interval's engine-timed steps (`contract.vllm_metrics.StepCell` per
+        (batch, tokens, drafting) cell): each cell is a set of steps of known shape and summed
+        worker time, so it enters as it is (no idle time, no burst model: its tokens are the
+        steps' own, prefill included). A drafting cell's requests all count as drafting (vLLM
+        drafts batch-wide). Returns True when any step was kept."""
+        cells = {k: c for k, c in cells.items() if c.steps > 0 and c.seconds > 0 and c.tokens > 0}
+        if not cells:
+            return False
+        self._decay(max(dt_s, 0.0))
+        for (_, _, drafting), c in cells.items():
+            n, r = c.tokens / c.steps, c.requests / c.steps
+            b = self.bins.setdefault(_bin_key(n, 1.0 if drafting else 0.0, r), _Bin())
+            b.seconds += c.seconds
+            b.steps += c.steps
+            b.tokens += c.tokens
+            b.requests += c.requests
+            if drafting:
+                b.drafting += c.requests
+                b.drafting_steps += c.steps
+        self.observations += 1
+        self.timed = True
         self.curve = fit_step_curve(self.points(), self.prior)
         return True
 
@@ -332,6 +387,7 @@ class StepCostLearner:
             StepPoint(
                 b.tokens / b.steps, b.seconds / b.steps, b.drafting / b.steps, b.drafting_steps / b.steps, b.seconds,
                 b.prompt / b.burst_steps if b.burst_steps > 0 else 0.0, min(1.0, b.burst_steps / b.steps),
+                b.requests / b.steps,
             )
             for b in self.bins.values()
             if b.steps > 0
@@ -349,22 +405,24 @@ class StepCostLearner:
         if grid is None:
             grid = sorted({1.0, *(2.0**i for i in range(0, 15) if 2.0**i <= 2 * top), round(c.knee_tokens, 1)})
         return {
-            "model": "flat + slope*max(0, N - knee) + draft_fixed*phi + draft*D",
+            "model": "flat + request*R + slope*max(0, N - knee) + draft_fixed*phi + draft*D",
             "prior": self.prior.label,
             "learned": self.curve is not None,
+            "source": "engine-timed steps" if self.timed else "scrape intervals",
             "flat_ms": round(c.flat_s * 1e3, 3),
             "knee_tokens": round(c.knee_tokens, 2),
             "slope_ms_per_token": round(c.slope_s * 1e3, 4),
             "draft_ms_per_request": round(c.draft_s * 1e3, 4),
             "draft_fixed_ms": round(c.draft_fixed_s * 1e3, 4),
+            "request_ms": round(c.request_s * 1e3, 4),
             "points": len(pts),
             "observations": self.observations,
             # [tokens per step (prefill included), ms per step, drafting requests per step, drafting share,
-            #  seconds of evidence, prefill chunk, share of steps carrying one]
+            #  seconds of evidence, prefill chunk, share of steps carrying one, requests per step]
             "observed": [
                 [round(p.mean_tokens, 2), round(p.step_s * 1e3, 2), round(p.drafting, 2), round(p.share, 2),
-                 round(p.weight, 1), round(p.burst_tokens, 1), round(p.burst_share, 3)]
+                 round(p.weight, 1), round(p.burst_tokens, 1), round(p.burst_share, 3), round(p.requests, 2)]
                 for p in pts
             ],
-            "curve": [[n, round(c.step_time_s(n) * 1e3, 2)] for n in grid],
+            "curve": [[n, round(c.step_time_s(n, requests=n) * 1e3, 2)] for n in grid],  # N requests of a token each
         }

@@ -69,7 +69,7 @@ def register() -> bool:
             return False
         logger.warning("specgate vLLM extension forced on unverified %s %s (%s=1)", dist, version, ALLOW_ENV)
 
-    from . import adaptive_patch, discovery, draft_skip, expand_fix, scheduler_patch
+    from . import adaptive_patch, discovery, draft_skip, expand_fix, scheduler_patch, step_timing
     from .lazy import when_imported
 
     # Each patch runs in the process that imports its module: the scheduler in
@@ -83,6 +83,9 @@ def register() -> bool:
     )
     when_imported("vllm.v1.engine.async_llm", lambda m: discovery.install_async_llm_hook(m.AsyncLLM))
     when_imported("vllm.v1.worker.worker_base", lambda m: discovery.install_worker_rpc(m.WorkerWrapperBase))
+    # Engine steps timed in the engine core, served on the API server's /metrics (step_timing.py).
+    when_imported("vllm.v1.core.sched.scheduler", lambda m: step_timing.install_scheduler(m.Scheduler))
+    when_imported("vllm.v1.engine.core", lambda m: step_timing.install_engine_core(m.EngineCore))
     # vLLM issue #55005: probe the rejection sampler's expand and replace it where
     # it is wrong (eagerly on the CPU platform, once its kernel overrides are in;
     # elsewhere on the first call, on the inputs' device).

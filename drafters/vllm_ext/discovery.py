@@ -126,6 +126,9 @@ def install_async_llm_hook(async_llm_cls: type) -> bool:
                 return
             # Held on the engine client: a task nobody references can be collected mid-flight.
             self._specgate_engine_fixes_task = loop.create_task(_advertise_engine_fixes(self, knobs))
+            from .step_timing import start_polling
+
+            self._specgate_step_stats_task = start_polling(self)
 
         return __init__
 

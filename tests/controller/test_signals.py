@@ -52,6 +52,26 @@ def test_a_sample_carries_the_replicas_engine_fixes():
     assert tr.update("r", 1.0, fixed).engine_fixes == {"expand_batch_to_tokens"}
 
 
+def test_engine_timed_steps_become_per_cell_increments():
+    from contract.vllm_metrics import StepCell
+
+    tr = ReplicaDeltaTracker()
+    first = snap(100, 200, 50, 500)
+    first.engine_steps = {(4, 16, 1): StepCell(10, 0.1, 40, 160, 120), (1, 1, 0): StepCell(5, 0.01, 5, 5, 0)}
+    tr.update("r", 0.0, first)
+    second = snap(150, 300, 70, 700)
+    second.engine_steps = {(4, 16, 1): StepCell(14, 0.14, 56, 220, 164), (1, 1, 0): StepCell(5, 0.01, 5, 5, 0),
+                           (8, 8, 0): StepCell(2, 0.02, 16, 16, 0)}  # fmt: skip
+    s = tr.update("r", 1.0, second)
+    assert s.engine_steps == {
+        (4, 16, 1): StepCell(4, pytest.approx(0.04), 16, 60, 44),
+        (8, 8, 0): StepCell(2, 0.02, 16, 16, 0),  # a new cell: its sums are the increments; an idle one is dropped
+    }
+    third = snap(160, 310, 75, 710)  # the engine restarted (its step counts fell)
+    third.engine_steps = {(4, 16, 1): StepCell(3, 0.03, 12, 48, 36)}
+    assert tr.update("r", 2.0, third).engine_steps == {(4, 16, 1): StepCell(3, 0.03, 12, 48, 36)}
+
+
 async def test_scrape_a_sim_replica_and_differentiate():
     async with sim_replica("dspark-b8", "sim-s") as url:
         async with httpx.AsyncClient() as http:

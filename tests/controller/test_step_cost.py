@@ -264,3 +264,70 @@ def test_scatter_at_light_load_is_not_read_as_a_knee():
     curve = fit_step_curve(points)
     assert curve.knee_tokens >= 4.0
     assert curve.step_time_s(4.0) < 1.5 * curve.step_time_s(1.0)
+
+
+# --- Engine-timed steps (the extension's per-cell counters, contract.vllm_metrics.StepCell) ---
+
+def timed_cells(truth: StepCurve, shapes: list[tuple[int, int, bool]], rng: random.Random, steps: int = 50,
+                noise: float = 0.05) -> dict:
+    """One scrape interval of engine-timed steps: `steps` steps of each (requests, tokens, drafting) shape."""
+    from contract.vllm_metrics import StepCell
+    from drafters.vllm_ext.step_timing import StepShape
+
+    cells: dict = {}
+    for r, n, drafting in shapes:
+        key = StepShape(r, n, n - r, drafting).cell
+        t = sum(truth.step_time_s(n, r if drafting else 0.0, 1.0 if drafting else 0.0, r)
+                * rng.uniform(1 - noise, 1 + noise) for _ in range(steps))
+        old = cells.get(key, StepCell())
+        cells[key] = StepCell(old.steps + steps, old.seconds + t, old.requests + steps * r, old.tokens + steps * n,
+                              old.draft_tokens + steps * (n - r))
+    return cells
+
+
+def test_engine_timed_steps_tell_one_long_verify_from_many_requests():
+    """A step of one request verifying 9 tokens and one of 9 requests verifying 9 tokens differ by
+    the per-request cost; scrape intervals see only the token count, timed cells see both."""
+    truth = StepCurve(0.004, 64, 0.004 / 64, draft_s=0.0001, draft_fixed_s=0.0005, request_s=0.0006)
+    learner = StepCostLearner()
+    rng = random.Random(4)
+    shapes = [(r, r * (1 + k), k > 0) for r in (1, 2, 4, 8, 16, 32) for k in (0, 1, 3, 8)]
+    for _ in range(10):
+        assert learner.observe_cells(1.0, timed_cells(truth, shapes, rng))
+    fitted = learner.current()
+    assert fitted.request_s == pytest.approx(truth.request_s, rel=0.25)
+    one_long = fitted.step_time_s(9, 1, 1.0, requests=1)
+    nine = fitted.step_time_s(9, 0.0, 0.0, requests=9)
+    assert one_long == pytest.approx(truth.step_time_s(9, 1, 1.0, 1), rel=0.10)
+    assert nine == pytest.approx(truth.step_time_s(9, 0.0, 0.0, 9), rel=0.10)
+    assert nine > 1.5 * one_long
+    for p in learner.points():
+        assert p.predicted_s(fitted) == pytest.approx(p.step_s, rel=0.10)
+    assert learner.describe()["source"] == "engine-timed steps"
+
+
+def test_empty_cells_are_not_an_observation():
+    from contract.vllm_metrics import StepCell
+
+    learner = StepCostLearner()
+    assert not learner.observe_cells(1.0, {})
+    assert not learner.observe_cells(1.0, {(1, 1, 0): StepCell()})
+    assert learner.current() == GENERIC_PRIOR.curve and learner.observations == 0
+
+
+def test_the_estimator_prefers_timed_steps_where_the_replica_exports_them():
+    from contract.vllm_metrics import StepCell
+    from controller.estimators import ReplicaEstimator
+
+    truth = StepCurve(0.004, 64, 0.004 / 64, request_s=0.0006)
+    rng = random.Random(5)
+    timed, counted = ReplicaEstimator(), ReplicaEstimator()
+    for est in (timed, counted):
+        est.ensure("r", "ngram-k4", ReplicaCost.for_names())
+    for _ in range(6):
+        s = scrape_sample(truth, 8, 0, 0.0, 0.0, rng)
+        cells = {(8, 8, 0): StepCell(s.iterations, s.dt_s, 8 * s.iterations, 8 * s.iterations, 0.0)}
+        timed.update(ReplicaSample(**{**s.__dict__, "engine_steps": cells}))
+        counted.update(s)
+    assert timed.replicas["r"].cost.learner.timed and not counted.replicas["r"].cost.learner.timed
+    assert timed.replicas["r"].cost.learner.points()[0].requests == pytest.approx(8)
