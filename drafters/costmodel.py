@@ -110,6 +110,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from .spec import DrafterSpec
+
 # vLLM V1 default cudagraph_capture_sizes: [1, 2, 4] + range(8, 256, 8) + range(256, 513, 16).
 CUDA_GRAPH_SIZES: tuple[int, ...] = tuple([1, 2, 4] + list(range(8, 256, 8)) + list(range(256, 513, 16)))
 
@@ -178,21 +180,16 @@ class ModelSpec:
         return float(self.vocab * self.hidden)
 
 
-@dataclass(frozen=True)
-class DrafterSpec:
-    """A DSpark drafter built on a target (DeepSpec/speculators layout)."""
+def drafter_params(drafter: DrafterSpec, model: ModelSpec) -> float:
+    """A DSpark drafter's weights on `model`: its decoder layers, the
+    projection of its feature layers, and the LM head it shares the shape of."""
+    fc = drafter.aux_layers * model.hidden * model.hidden
+    return drafter.draft_layers * model.layer_params + fc + model.lm_head_params
 
-    n_layers: int = 5
-    markov_rank: int = 256
-    aux_layers: int = 3
 
-    def params(self, model: ModelSpec) -> float:
-        fc = self.aux_layers * model.hidden * model.hidden
-        return self.n_layers * model.layer_params + fc + model.lm_head_params
-
-    def markov_params(self, model: ModelSpec) -> float:
-        # vanilla head: token embedding -> rank r -> vocab
-        return self.markov_rank * (model.hidden + model.vocab) if self.markov_rank else 0.0
+def markov_params(drafter: DrafterSpec, model: ModelSpec) -> float:
+    """The vanilla Markov head: token embedding -> rank r -> vocab."""
+    return drafter.markov_rank * (model.hidden + model.vocab) if drafter.markov_rank else 0.0
 
 
 GPUS: dict[str, GpuSpec] = {
@@ -211,7 +208,11 @@ MODELS: dict[str, ModelSpec] = {
     ),
 }
 
-DEFAULT_DRAFTER = DrafterSpec()
+# The reference drafter the presets are priced with: 5 decoder layers, the 3
+# feature layers speculators picks on Qwen3-8B, a rank-256 Markov head (only
+# the counts enter the cost).
+DEFAULT_DRAFTER = DrafterSpec(block_size=8, markov_rank=256, target_layer_ids=(2, 18, 33),
+                              mask_token_id=MODELS["qwen3-8b"].vocab - 1, draft_layers=5)
 
 
 def get_gpu(name: str) -> GpuSpec:
@@ -327,14 +328,14 @@ def drafter_time_s(
     """
     if batch <= 0 or num_draft <= 0:
         return 0.0
-    p_d = drafter.params(model)
+    p_d = drafter_params(drafter, model)
     slots = batch * (num_draft + 1)
     padded, graphed = pad_tokens(slots)
-    # Drafter KV: its own n_layers over the context (projected target features).
-    kv = batch * context * model.kv_bytes_per_token * drafter.n_layers / model.n_layers
+    # Drafter KV: its own layers over the context (projected target features).
+    kv = batch * context * model.kv_bytes_per_token * drafter.draft_layers / model.n_layers
     mem = (p_d * model.dtype_bytes + kv) / gpu.bw
     comp = 2.0 * p_d * padded / gpu.flops
-    markov = num_draft * (gpu.markov_step_s + 2.0 * drafter.markov_params(model) * batch / gpu.flops)
+    markov = num_draft * (gpu.markov_step_s + 2.0 * markov_params(drafter, model) * batch / gpu.flops)
     return gpu.drafter_overhead_s + max(mem, comp) + markov + (0.0 if graphed else gpu.eager_overhead_s)
 
 
@@ -459,7 +460,7 @@ def kv_capacity_tokens(gpu: GpuSpec, model: ModelSpec, gpu_memory_utilization: f
                        activation_reserve_bytes: float = 4e9) -> int:
     """KV-cache tokens that fit next to the weights (vLLM's gpu_memory_utilization budget)."""
     free = gpu.hbm_bytes * gpu_memory_utilization - model.weight_bytes - activation_reserve_bytes
-    free -= DEFAULT_DRAFTER.params(model) * model.dtype_bytes
+    free -= drafter_params(DEFAULT_DRAFTER, model) * model.dtype_bytes
     return max(0, int(free / model.kv_bytes_per_token))
 
 

@@ -3,7 +3,9 @@
     rank_replicas(replicas, RouteRequest, policy, mode, now) -> [replica, ...]
 
 The proxy tries the returned replicas in order (failover walks down the list).
-Ranking, in priority order:
+Which replicas a policy may use and which profile it wants are the routing
+model in `contract.routing` (the controller prices placements on the same
+functions); the ranking, in priority order:
 
 1. eligibility: healthy, serves the model, circuit breaker lets a request in,
    and -- for a replica reserved to a tenant drafter (`ReplicaConfig.drafter`)
@@ -29,6 +31,7 @@ import hashlib
 from typing import NamedTuple, Protocol, Sequence
 
 from contract.policy import SpeculationPolicy
+from contract.routing import FLEET_ONLY, canary_arm, drafter_order, drafter_tier, speculation_tier
 
 AFFINITY_SLACK = 8.0
 
@@ -55,68 +58,6 @@ class RouteRequest(NamedTuple):
     arm_key: str = ""  # what the canary arm is drawn from: the session id if any, else the request id
 
 
-def wanted_profile(policy: SpeculationPolicy) -> str | None:
-    if not policy.enabled:
-        return "off"
-    return policy.preferred_profile
-
-
-def speculation_tier(replica: ReplicaLike, policy: SpeculationPolicy) -> int:
-    wanted = wanted_profile(policy)
-    if wanted is None:
-        return 0
-    if replica.profile == wanted:
-        return 0
-    if not policy.enabled and replica.supports_knobs:
-        return 1  # can be told specgate_max_draft=0 for this request
-    if replica.profile is None:
-        return 1  # unlabelled: unknown fit
-    return 2
-
-
-def canary_arm(policy: SpeculationPolicy, arm_key: str) -> bool:
-    """True: this request belongs to the canary's share. Deterministic (a hash
-    of the canary's drafter id and the request's arm key, uniform in [0, 1),
-    below `share`), so a retried request or a session's next turn stays in its
-    arm, and a new canary draws a fresh subset. Why the session and not the
-    prefix-affinity key: a prefix shared by many users (one system prompt)
-    would put all of them in one arm and skew the share."""
-    canary = policy.canary
-    if canary is None:
-        return False
-    digest = hashlib.blake2b(f"{canary.drafter}|{arm_key}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "big") / 2.0**64 < canary.share
-
-
-def drafter_order(policy: SpeculationPolicy, in_canary: bool) -> tuple[str | None, ...]:
-    """The drafters (None = the shared fleet) this request may use, preferred
-    first. The incumbent arm: the tenant's own drafter, the shared fleet, then
-    the candidate as a last resort; the canary arm: the candidate, then the
-    incumbent's order. A drafter not listed is another tenant's: never used.
-    (Telemetry is per replica, so a request served by the other arm's replica
-    is counted for that arm, not mixed into this one.)"""
-    order: list[str | None] = []
-    canary = policy.canary.drafter if policy.canary is not None else None
-    if in_canary and canary is not None:
-        order.append(canary)
-    for d in (policy.drafter, None, canary):
-        if d not in order:
-            order.append(d)
-    return tuple(order)
-
-
-_FLEET_ONLY: tuple[str | None, ...] = (None,)
-
-
-def drafter_tier(replica: ReplicaLike, order: tuple[str | None, ...]) -> int | None:
-    """The replica's place in `order`; None: reserved to a drafter this tenant does not use."""
-    drafter = getattr(replica, "drafter", None)
-    try:
-        return order.index(drafter)
-    except ValueError:
-        return None
-
-
 def _rendezvous(key: str, name: str) -> int:
     return int.from_bytes(hashlib.blake2b(f"{key}|{name}".encode(), digest_size=8).digest(), "big")
 
@@ -131,7 +72,7 @@ def rank_replicas(
 ) -> list[ReplicaLike]:
     """Eligible replicas, best first. `allowed[i]` = replica i's breaker admits a request."""
     if policy.canary is None and policy.drafter is None:
-        order = _FLEET_ONLY  # what drafter_order gives such a policy, without the calls (every request of most tenants)
+        order = FLEET_ONLY  # what drafter_order gives such a policy, without the calls (every request of most tenants)
     else:
         order = drafter_order(policy, canary_arm(policy, request.arm_key))
     tiers: dict[int, tuple[int, int]] = {}

@@ -198,3 +198,27 @@ def test_sse_framing_is_written_in_one_place():
     assert not offenders, "\n".join(offenders)
     spelled = [n.value for n in ast.walk(ast.parse((ROOT / "gateway/stream/sse.py").read_text())) if isinstance(n, ast.Constant)]
     assert any(isinstance(v, bytes) and b"[DONE]" in v for v in spelled)  # the walker sees constants at all
+
+
+def test_routing_is_modelled_once():
+    """What profile a policy wants and which replicas it may use are
+    `contract.routing`'s: the gateway ranks by them and the controller prices
+    placements on them, so the two planes cannot route differently."""
+    assert "contract.routing.speculation_tier" in _imports(ROOT / "gateway" / "routing.py")
+    assert "contract.routing.speculation_tier" in _imports(ROOT / "controller" / "decision" / "placement.py")
+    tiers = sorted(
+        f"{p.relative_to(ROOT)}" for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.py")
+        for node in ast.walk(ast.parse(p.read_text(), str(p)))
+        if isinstance(node, ast.FunctionDef) and node.name in ("speculation_tier", "wanted_profile", "drafter_order")
+    )
+    assert tiers == ["contract/routing.py"] * 3
+
+
+@pytest.mark.parametrize("name", ["DrafterSpec", "StreamLedger", "CapturePlan"])
+def test_one_definition_per_shared_class(name):
+    defined = sorted(
+        f"{p.relative_to(ROOT)}" for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.py")
+        for node in ast.walk(ast.parse(p.read_text(), str(p)))
+        if isinstance(node, ast.ClassDef) and node.name == name
+    )
+    assert len(defined) == 1, defined

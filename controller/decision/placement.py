@@ -2,8 +2,9 @@
 
 Why: routing follows the policy. A tenant at k=0 is sent to the `off` pool
 (`preferred_profile="off"`), a speculating tenant to the replicas of its
-preferred profile (every replica when the policy names none; see
-`gateway/routing.py`). So the replicas a tenant's traffic was *observed* on
+preferred profile (every replica when the policy names none): the routing
+model both planes share, `contract.routing`, which the gateway ranks by and
+`routed_to` reads. So the replicas a tenant's traffic was *observed* on
 describe where it goes under its current cap only, and pricing a candidate
 whose routing differs on that observation is wrong: a tenant switched off
 lands wholly on the off pool, where no cap gains anything, and the model
@@ -34,30 +35,35 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
+from typing import NamedTuple
+
+from contract.routing import profile_for_cap, speculation_tier
 
 from .views import ReplicaInput
 
 
+class _Steering(NamedTuple):
+    """What routing reads of the policy a cap publishes (`assembly.speculation_policy`)."""
+
+    enabled: bool
+    preferred_profile: str | None
+
+
 def preferred_profile(k: int, live: Sequence[ReplicaInput]) -> str | None:
-    """The profile a speculating tenant at cap k is steered to: the smallest
-    block that drafts k tokens, when the fleet runs more than one speculative
-    profile (with one, any speculative replica fits and none is preferred).
-    The same rule `assembly.speculation_policy` publishes."""
-    spec = sorted({(r.block, r.profile) for r in live if r.block > 0})
-    fitting = [p for b, p in spec if b >= k]
-    return fitting[0] if fitting and len(spec) > 1 else None
+    """The profile a speculating tenant at cap k is steered to
+    (`contract.routing.profile_for_cap` over the live speculative profiles):
+    the rule `assembly.speculation_policy` publishes."""
+    return profile_for_cap(k, ((r.block, r.profile) for r in live if r.block > 0))
 
 
 def routed_to(k: int, live: Sequence[ReplicaInput], off_pool: bool) -> frozenset[str]:
-    """Names of the replicas a tenant at cap k is routed to (routing's tier 0)."""
-    if k <= 0:
-        if off_pool:
-            return frozenset(r.name for r in live if r.block == 0)
+    """Names of the replicas a tenant at cap k is routed to: routing's tier
+    0 for the policy the cap publishes. Without an off pool a tenant at k=0
+    has no preferred replicas (it is told not to draft wherever it lands)."""
+    if k <= 0 and not off_pool:
         return frozenset(r.name for r in live)
-    preferred = preferred_profile(k, live)
-    if preferred is None:
-        return frozenset(r.name for r in live)
-    return frozenset(r.name for r in live if r.profile == preferred)
+    steering = _Steering(enabled=k > 0, preferred_profile=preferred_profile(k, live) if k > 0 else None)
+    return frozenset(r.name for r in live if speculation_tier(r, steering) == 0)
 
 
 def _fraction(rep: ReplicaInput, tenant: str) -> float:

@@ -12,33 +12,15 @@ local `--target` directory rather than whatever path the old checkpoint names.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from ..spec import DrafterSpec
 from .layers import default_target_layer_ids
 
 # Names of the tensors a speculators DSpark checkpoint omits (reloaded from the verifier).
 _VERIFIER_OWNED = ("embed_tokens.weight", "verifier_lm_head.weight", "verifier_norm.weight", "lm_head.weight",
                    "t2d", "d2t")
-
-
-@dataclass(frozen=True)
-class DrafterSpec:
-    """What fixes a drafter's shape (and hence what vLLM and the capture must agree on)."""
-
-    block_size: int
-    markov_rank: int
-    target_layer_ids: tuple[int, ...]  # aux ids (drafters.training.layers)
-    mask_token_id: int
-    draft_layers: int = 1
-    markov_head_type: str = "vanilla"
-    enable_confidence_head: bool = True
-
-    def to_json(self) -> dict:
-        d = asdict(self)
-        d["target_layer_ids"] = list(self.target_layer_ids)
-        return d
 
 
 def read_checkpoint_config(path: str | Path) -> dict:

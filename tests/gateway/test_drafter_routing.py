@@ -10,7 +10,7 @@ from collections import Counter
 import httpx
 
 from contract.policy import CanarySpec, SpeculationPolicy, publish_policies
-from gateway.routing import canary_arm
+from contract.routing import canary_arm
 
 from .conftest import KEYS, tenant
 from .test_policy_flow import wait_version

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from gateway.routing import RouteRequest, affinity_key, canary_arm, drafter_order, rank_replicas, speculation_tier
 from contract.policy import CanarySpec, SpeculationPolicy
+from contract.routing import FLEET_ONLY, canary_arm, drafter_order, speculation_tier
+from gateway.routing import RouteRequest, affinity_key, rank_replicas
 
 
 @dataclass
@@ -129,9 +130,7 @@ def test_canary_arm_is_deterministic_and_near_the_share():
 
 def test_a_policy_without_drafter_or_canary_ranks_as_its_drafter_order_says():
     """rank_replicas skips drafter_order for such a policy (most requests): same order."""
-    from gateway import routing
-
-    assert drafter_order(DEFAULT, True) == drafter_order(DEFAULT, False) == routing._FLEET_ONLY
+    assert drafter_order(DEFAULT, True) == drafter_order(DEFAULT, False) == FLEET_ONLY
     assert names(rank_replicas(fleet(), RouteRequest("m", "alpha"), DEFAULT)) == ["shared"]
 
 
