@@ -68,8 +68,19 @@ class GatewayMetrics:
         self.registry = CollectorRegistry(auto_describe=True)
         self.top_n = top_n if tenant_labels else 0  # 0: every tenant is `other`
         self._tenants: set[str] = set()
+        self._children: dict[tuple, object] = {}
+        self.recent_acceptance = DecayedAcceptance()
         r = self.registry
-        # -- updated on every request: plain-dict families (gateway.hot_metrics) --
+        # Registered in this order (the order /metrics and docs/operations.md list them).
+        self._per_request(r)
+        self._fleet(r)
+        self._continuation(r)
+        self._capture(r)
+        self._tenant_state(r)
+        self._budget_store(r)
+
+    def _per_request(self, r: CollectorRegistry) -> None:
+        """Updated on every request: plain-dict families (gateway.hot_metrics)."""
         self.requests = HotCounter("specgate_requests", "Requests finished by the gateway", ["tenant", "replica", "endpoint", "status"], r)
         self.latency = HotHistogram(
             "specgate_request_duration_seconds", "End-to-end request latency seen by the gateway", ["tenant", "replica", "status"], r,
@@ -94,7 +105,9 @@ class GatewayMetrics:
             "specgate_spec_acceptance_length", "Per-request mean acceptance length (tokens per verification step)", ["tenant", "replica"], r,
             _AL_BUCKETS,
         )
-        # -- the rest change rarely: prometheus_client's own metrics --
+
+    def _fleet(self, r: CollectorRegistry) -> None:
+        """Replicas and the instance; these and the rest change rarely: prometheus_client's own metrics."""
         self.replica_healthy = Gauge("specgate_replica_healthy", "1 if the replica is routable", ["replica", "profile"], registry=r)
         self.replica_inflight = Gauge("specgate_replica_inflight", "Requests the gateway has in flight", ["replica"], registry=r)
         self.replica_breaker_open = Gauge("specgate_replica_breaker_open", "1 while the circuit breaker is open", ["replica"], registry=r)
@@ -108,7 +121,9 @@ class GatewayMetrics:
         self.aborted = Counter(
             "specgate_requests_aborted", "Requests the gateway ended itself, by reason and outcome", ["reason", "outcome"], registry=r
         )
-        # -- stream continuation (gateway.stream.splice) --
+
+    def _continuation(self, r: CollectorRegistry) -> None:
+        """Stream continuation (gateway.stream.splice)."""
         self.continuations = Counter(
             "specgate_continuations",
             "Streams broken after their first byte, by what the gateway did: continued (spliced from another "
@@ -128,7 +143,9 @@ class GatewayMetrics:
             buckets=_SPLICE_BUCKETS,
             registry=r,
         )
-        # -- capture mirror (gateway.capture_mirror) --
+
+    def _capture(self, r: CollectorRegistry) -> None:
+        """The capture mirror (gateway.capture_mirror)."""
         self.capture_requests = Counter(
             "specgate_capture_requests",
             "Sampled requests of tenants that opted in to capture, by outcome: sent (the capture replica took it), "
@@ -144,8 +161,9 @@ class GatewayMetrics:
         self.capture_queue_depth = Gauge(
             "specgate_capture_queue_depth", "Captures waiting to be sent to the capture replica", registry=r
         )
-        self._children: dict[tuple, object] = {}
-        # -- per-tenant speculation state (set at scrape time: metrics_exposure.render) --
+
+    def _tenant_state(self, r: CollectorRegistry) -> None:
+        """Per-tenant speculation state (set at scrape time: metrics_exposure.render)."""
         self.tenant_enabled = Gauge(
             "specgate_tenant_speculation_enabled",
             "1 while the tenant's policy in force on this gateway lets its requests speculate", ["tenant"], registry=r,
@@ -161,8 +179,9 @@ class GatewayMetrics:
             "metrics.speculative_decoding (decayed, half-life 60 s); absent before the first speculative response",
             ["tenant"], registry=r,
         )
-        self.recent_acceptance = DecayedAcceptance()
-        # -- budget store health (gateway.budget_guard) --
+
+    def _budget_store(self, r: CollectorRegistry) -> None:
+        """Budget store health (gateway.budget_guard)."""
         self.budget_store_up = Gauge("specgate_budget_store_up", "1 while the budget store answers budget calls", registry=r)
         self.budget_store_up.set(1)
         self.gateway_instances = Gauge(

@@ -24,8 +24,10 @@ from .sse import DATA, DONE_DATA, EVENT_END, EventBuffer, is_done, is_error, is_
 _END_LEN = len(EVENT_END)
 
 
-class StreamTap:
-    """The tap of a stream whose ids the gateway does not read."""
+class _Tap:
+    """What every tap knows of the stream it relayed, which the relay's loop
+    and ending read: its usage chunk, its events, whether `[DONE]` came, an
+    engine error event it held back."""
 
     __slots__ = ("strip_usage", "_buf", "usage", "metrics", "events", "saw_done", "error")
 
@@ -36,7 +38,17 @@ class StreamTap:
         self.metrics: dict[str, Any] | None = None
         self.events = 0
         self.saw_done = False
-        self.error = None  # never held: an engine error event is forwarded as it came
+        self.error: dict[str, Any] | None = None  # an engine error event held back (only `LedgerTap` holds one)
+
+    def tail(self) -> bytes:
+        """What is left when the stream ends (an event that never ended)."""
+        return self._buf.tail()
+
+
+class StreamTap(_Tap):
+    """The tap of a stream whose ids the gateway does not read."""
+
+    __slots__ = ()
 
     def feed(self, data: bytes) -> bytes:
         """Bytes to forward to the client now."""
@@ -69,9 +81,6 @@ class StreamTap:
         if isinstance(obj.get("metrics"), dict):
             self.metrics = obj["metrics"]
         return obj.get("choices") == []
-
-    def tail(self) -> bytes:
-        return self._buf.tail()
 
 
 # The ids field of a token chunk as vLLM lays it out: the last member of the
@@ -121,7 +130,7 @@ def cut_token_ids(block: bytes, chat: bool, strip_ids: bool) -> tuple[bytes, int
 MAX_UNREAD_BYTES = 64 * 1024
 
 
-class LedgerTap:
+class LedgerTap(_Tap):
     """`StreamTap`'s job (forward events, read and maybe strip the usage
     chunk) for a stream whose token ids the gateway reads, plus the ledger.
     `hold_errors`: an engine error event is noted and not forwarded (the
@@ -142,18 +151,12 @@ class LedgerTap:
     and a Python step per event cost the tap 2.4x `StreamTap`'s
     instructions (docs/benchmarks.md#gateway-cpu-per-request)."""
 
-    __slots__ = ("strip_usage", "strip_ids", "chat", "ledger", "hold_errors", "_buf", "usage", "metrics", "events",
-                 "saw_done", "error", "_unread", "_unread_bytes")
+    __slots__ = ("strip_ids", "chat", "ledger", "hold_errors", "_unread", "_unread_bytes")
 
     def __init__(self, strip_usage: bool, strip_ids: bool, chat: bool, ledger: StreamLedger, hold_errors: bool = True) -> None:
-        self.strip_usage, self.strip_ids, self.chat, self.ledger = strip_usage, strip_ids, chat, ledger
+        super().__init__(strip_usage)
+        self.strip_ids, self.chat, self.ledger = strip_ids, chat, ledger
         self.hold_errors = hold_errors
-        self._buf = EventBuffer()
-        self.usage: dict[str, Any] | None = None
-        self.metrics: dict[str, Any] | None = None
-        self.events = 0
-        self.saw_done = False
-        self.error: dict[str, Any] | None = None  # an engine error event the replica sent mid-stream
         self._unread: list[bytes] = []  # the reads relayed and not yet parsed into the ledger (whole events)
         self._unread_bytes = 0
 
@@ -264,6 +267,3 @@ class LedgerTap:
         if self.chat and changed and not c.get("delta") and c.get("finish_reason") is None and c.get("logprobs") is None:
             return None  # vLLM sends an empty delta only because token ids were asked for
         return changed
-
-    def tail(self) -> bytes:
-        return self._buf.tail()
