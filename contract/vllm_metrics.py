@@ -50,6 +50,16 @@ STEP_CELL_LABELS = ("batch", "tokens", "drafting")
 StepCellKey = tuple[int, int, int]
 
 
+def power_of_two_bound(n: float) -> int:
+    """PURE: the smallest power of two >= n (1 for n <= 1): a cell's bound."""
+    return 1 if n <= 1 else 1 << math.ceil(math.log2(n) - 1e-12)
+
+
+def step_cell_key(requests: int, tokens: int, drafting: bool) -> StepCellKey:
+    """PURE: the cell a step of `requests` scheduled requests and `tokens` forward tokens falls in."""
+    return power_of_two_bound(requests), power_of_two_bound(tokens), int(drafting)
+
+
 @dataclass
 class VllmMetricsSnapshot:
     num_requests_running: float = 0.0

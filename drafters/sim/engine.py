@@ -332,6 +332,7 @@ class ReplicaEngine:
         # the step (v1/metrics/loggers.py) -- emitted tokens, not the forward
         # work: rejected and trimmed drafts are not in it.
         c.iteration_tokens.observe(n_prefill + c.generation_tokens - generated_before)
+        c.record_step(n_sched, num_tokens, n_verified, k_step > 0, duration)
         c.steps += 1
         c.busy_s += duration
         self.last_cost = cost

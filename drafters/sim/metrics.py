@@ -13,7 +13,9 @@ Families (labels ``model_name``, ``engine``): ``vllm:num_requests_running``,
 latency / iteration-token histograms (simulated seconds); dcgm-exporter GPU
 gauges from the cost model (labels ``gpu``, ``modelName``, ``Hostname``); and
 ``specgate_ext_info{version,knobs} 1`` with the knobs the specgate vLLM
-extension would advertise for the replica's profile.
+extension would advertise for the replica's profile, and the extension's
+engine-timed step counters (``specgate_engine_step*_total{batch,tokens,drafting}``,
+drafters/vllm_ext/step_timing.py), each simulated step in its cell.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+
+from contract.vllm_metrics import ENGINE_STEP_FAMILIES, STEP_CELL_LABELS
 
 from .. import costmodel as cm
 from ..vllm_ext.discovery import advertised_knobs
@@ -92,12 +96,23 @@ class SimCollector:
             g = GaugeMetricFamily(name, f"{name} (simulated from the cost model)", labels=dl)
             g.add_metric(dv, value)
             yield g
+        yield from step_families(c.engine_steps())
         info = GaugeMetricFamily("specgate_ext_info", "specgate vLLM extension (simulated replica).",
                                  labels=["version", "knobs"])
         prof = eng.profile
         knobs = advertised_knobs(prof.method if prof.speculative else None, prof.adaptive)
         info.add_metric([SIM_VERSION, ",".join(knobs)], 1.0)
         yield info
+
+
+def step_families(cells: dict) -> list[CounterMetricFamily]:
+    """The extension's engine-timed step counters (contract.vllm_metrics.ENGINE_STEP_FAMILIES)."""
+    families = {f: CounterMetricFamily(name, f"specgate engine steps: {f} (simulated replica)", labels=list(STEP_CELL_LABELS))
+                for name, f in ENGINE_STEP_FAMILIES.items()}  # fmt: skip
+    for key, cell in sorted(cells.items()):
+        for f in families:
+            families[f].add_metric([str(v) for v in key], float(getattr(cell, f)))
+    return list(families.values()) if cells else []
 
 
 def sim_registry(sim: SimReplica) -> CollectorRegistry:

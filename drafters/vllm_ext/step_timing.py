@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import os
 import threading
 import time
@@ -53,7 +52,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, fields
 from typing import Any
 
-from contract.vllm_metrics import ENGINE_STEP_FAMILIES, STEP_CELL_LABELS, StepCell
+from contract.vllm_metrics import ENGINE_STEP_FAMILIES, STEP_CELL_LABELS, StepCell, StepCellKey, step_cell_key
 
 logger = logging.getLogger("specgate.vllm_ext")
 
@@ -74,11 +73,6 @@ _LAST_END_ATTR = "_specgate_last_step_end"  # on the Scheduler
 _BUSY_ATTR = "_specgate_busy_at_last_end"  # on the Scheduler: it still had requests when the last step ended
 
 
-def bucket(n: float) -> int:
-    """PURE: the smallest power of two >= n (1 for n <= 1)."""
-    return 1 if n <= 1 else 1 << math.ceil(math.log2(n) - 1e-12)
-
-
 @dataclass(frozen=True)
 class StepShape:
     """What one engine step scheduled."""
@@ -89,8 +83,8 @@ class StepShape:
     drafting: bool  # the drafter runs after this step (its draft length K > 0)
 
     @property
-    def cell(self) -> tuple[int, int, int]:
-        return bucket(self.requests), bucket(self.tokens), int(self.drafting)
+    def cell(self) -> StepCellKey:
+        return step_cell_key(self.requests, self.tokens, self.drafting)
 
 
 def shape_of(scheduler_output: Any) -> StepShape | None:

@@ -88,6 +88,9 @@ async def test_scrape_a_sim_replica_and_differentiate():
             assert sample.drafts > 0 and sample.accepted_tokens >= 0 and sample.iterations > 0
             al = 1 + sample.accepted_tokens / sample.drafts
             assert 1.0 <= al <= 9.0
+            # The sim replica exports the extension's engine-timed steps too: the interval's steps, cell by cell.
+            assert sum(c.steps for c in sample.engine_steps.values()) == sample.iterations
+            assert sum(c.draft_tokens for c in sample.engine_steps.values()) == sample.draft_tokens
             assert await scrape_metrics(http, "http://127.0.0.1:9") is None  # unreachable -> None, not zeros
 
 

@@ -271,12 +271,11 @@ def test_scatter_at_light_load_is_not_read_as_a_knee():
 def timed_cells(truth: StepCurve, shapes: list[tuple[int, int, bool]], rng: random.Random, steps: int = 50,
                 noise: float = 0.05) -> dict:
     """One scrape interval of engine-timed steps: `steps` steps of each (requests, tokens, drafting) shape."""
-    from contract.vllm_metrics import StepCell
-    from drafters.vllm_ext.step_timing import StepShape
+    from contract.vllm_metrics import StepCell, step_cell_key
 
     cells: dict = {}
     for r, n, drafting in shapes:
-        key = StepShape(r, n, n - r, drafting).cell
+        key = step_cell_key(r, n, drafting)
         t = sum(truth.step_time_s(n, r if drafting else 0.0, 1.0 if drafting else 0.0, r)
                 * rng.uniform(1 - noise, 1 + noise) for _ in range(steps))
         old = cells.get(key, StepCell())

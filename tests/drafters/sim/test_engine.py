@@ -281,3 +281,21 @@ def test_per_request_knobs_cut_ngram_proposals_as_on_dspark():
     tabled.add_request(r, 0.0)
     _drain(tabled)
     assert 0 < r.draft_tokens <= 2 * r.spec_steps
+
+
+def test_every_step_lands_in_its_engine_timed_cell():
+    """The sim exports the plugin's step timing (drafters/vllm_ext/step_timing.py): each step in the
+    cell of its scheduled requests, forward tokens and drafting, the cells summing to the engine's own
+    step count, busy time and verified drafts; a step capped at K=0 is a non-drafting one."""
+    eng = ReplicaEngine(EngineConfig(profile="ngram-k8"), np.random.default_rng(3))
+    for i in range(6):
+        eng.add_request(EngineRequest(f"r{i}", 64, 120, "code", max_draft=0 if i % 3 == 0 else None), 0.0)
+    outs, _ = _drain(eng)
+    cells = eng.counters.engine_steps()
+    c = eng.counters
+    assert sum(x.steps for x in cells.values()) == c.steps == len([o for o in outs if o.duration_s > 0])
+    assert sum(x.seconds for x in cells.values()) == pytest.approx(c.busy_s)
+    assert sum(x.draft_tokens for x in cells.values()) == c.verified_draft_tokens
+    for (batch, tokens, _), x in cells.items():
+        assert batch / 2 < x.requests / x.steps <= batch and tokens / 2 < x.tokens / x.steps <= tokens
+    assert any(d == 1 for (_, _, d) in cells) and any(d == 0 for (_, _, d) in cells)  # the last requests, alone at K=0

@@ -10,9 +10,9 @@ from types import SimpleNamespace
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from contract.vllm_metrics import StepCell, parse_vllm_metrics
+from contract.vllm_metrics import StepCell, parse_vllm_metrics, power_of_two_bound
 from drafters.vllm_ext import step_timing
-from drafters.vllm_ext.step_timing import StepShape, StepStatsCollector, StepTable, bucket, shape_of
+from drafters.vllm_ext.step_timing import StepShape, StepStatsCollector, StepTable, shape_of
 
 
 def output(tokens: dict[str, int], spec: dict[str, list[int]] | None = None, k: int | None = 4):
@@ -24,8 +24,8 @@ def output(tokens: dict[str, int], spec: dict[str, list[int]] | None = None, k: 
 
 
 @pytest.mark.parametrize("n,expected", [(0, 1), (1, 1), (2, 2), (3, 4), (4, 4), (5, 8), (1000, 1024)])
-def test_bucket_is_the_next_power_of_two(n, expected):
-    assert bucket(n) == expected
+def test_a_cell_bound_is_the_next_power_of_two(n, expected):
+    assert power_of_two_bound(n) == expected
 
 
 def test_a_step_shape_counts_requests_forward_tokens_and_verified_drafts():
