@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from contract.policy import SpeculationPolicy
     from contract.settings import TenantConfig
+    from contract.telemetry import RequestSpecStats
 
     from .capture import CapturePlan, StreamSeen, WholeIds
     from .replicas import ReplicaState
@@ -66,7 +67,7 @@ class RequestContext:
     capture_seen: StreamSeen | WholeIds | None = None  # a capture candidate's response as the relay saw it
     # A continued stream (gateway.stream.splice): (replica, its part's stats) per
     # replica that produced part of it; None: one replica produced it all.
-    parts: list[tuple[str, Any]] | None = None
+    parts: list[tuple[str, RequestSpecStats]] | None = None
     watcher: asyncio.Future | None = None  # cancels the request when the client disconnects
     response_started: bool = False  # http.response.start was sent: errors from here on go in-band
     response_headers: list[tuple[bytes, bytes]] | None = None  # added to the response (x-ratelimit-*), set by admit
