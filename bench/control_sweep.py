@@ -270,7 +270,7 @@ class ControllerPolicy(BasePolicy):
             self.core.observe_replica(name, rv.profile, now, snap)
             st = self.gateway[name]
             st.profile = rv.profile
-            st.inflight = rv.load  # the gateway's count at the scrape (it is exact at every moment)
+            st.open_attempts = rv.load  # the gateway's count at the scrape (it is exact at every moment)
             st.observe_metrics(snap, now)
         counters = [TelemetryCounters(t, r, dict(c)) for (t, r), c in sorted(view.tenant_counters.items())]
         self.core.observe_telemetry(counters, dt)
@@ -289,7 +289,7 @@ class ControllerPolicy(BasePolicy):
         states = []
         for name, rv in view.replicas.items():
             st = self.gateway[name]
-            st.inflight = rv.load  # the gateway's in-flight count: requests sent there and not finished
+            st.open_attempts = rv.load  # the gateway's in-flight count: requests sent there and not finished
             st.healthy = rv.available  # a draining or restarting replica is out of rotation
             states.append(st)
         ranked = rank_replicas(states, RouteRequest(MODEL, request.tenant), policy)

@@ -86,4 +86,4 @@ class LocalBudget:
     def give_back(self, owed: dict[str, dict[str, int]]) -> None:
         """Put back what could not be paid in (the store failed again)."""
         for tenant_id, deltas in owed.items():
-            self._record(tenant_id, deltas.get("requests", 0), deltas.get("tokens", 0))
+            self._count(tenant_id, deltas.get("requests", 0), deltas.get("tokens", 0))
