@@ -25,7 +25,11 @@ class ControllerMetrics:
     def __init__(self, registry: CollectorRegistry | None = None, top_n: int = 20) -> None:
         self.registry = registry or CollectorRegistry()
         self.top_n = top_n
-        r = self.registry
+        # Registered in this order (the exposition and docs/operations.md follow it).
+        for group in (self._loop, self._policies, self._tenants, self._replicas, self._jobs):
+            group(self.registry)
+
+    def _loop(self, r: CollectorRegistry) -> None:
         self.ticks = Counter("specgate_controller_ticks", "Controller ticks run as leader", registry=r)
         self.decisions = Counter(
             "specgate_controller_decisions", "Per-tenant decisions by outcome", ["outcome"], registry=r
@@ -37,6 +41,8 @@ class ControllerMetrics:
         self.leader = Gauge("specgate_controller_is_leader", "1 when this instance holds the leader lock", registry=r)
         self.paused = Gauge("specgate_controller_paused", "1 when paused by an admin", registry=r)
         self.policy_version = Gauge("specgate_controller_policy_version", "Last published policy version", registry=r)
+
+    def _policies(self, r: CollectorRegistry) -> None:
         self.enabled = Gauge("specgate_controller_policy_enabled", "Speculation enabled per tenant", ["tenant"], registry=r)
         self.max_draft = Gauge(
             "specgate_controller_policy_max_draft", "Draft cap per tenant (0 = off; -1 = no cap: the replica's whole block)",
@@ -54,6 +60,8 @@ class ControllerMetrics:
         self.min_conf = Gauge(
             "specgate_controller_policy_min_confidence", "Confidence floor per tenant", ["tenant"], registry=r
         )
+
+    def _tenants(self, r: CollectorRegistry) -> None:
         self.acceptance = Gauge(
             "specgate_controller_tenant_acceptance",
             "Estimated conditional per-position acceptance (top-N tenants)",
@@ -72,6 +80,8 @@ class ControllerMetrics:
             "drafting at the arm's cap",
             ["tenant"], registry=r,
         )
+
+    def _replicas(self, r: CollectorRegistry) -> None:
         self.rho = Gauge("specgate_controller_replica_rho", "Compute-bound index tokens/step / knee", ["replica"], registry=r)
         self.batch = Gauge("specgate_controller_replica_batch", "Smoothed running requests", ["replica"], registry=r)
         self.al = Gauge("specgate_controller_replica_acceptance_length", "Measured acceptance length", ["replica"], registry=r)
@@ -103,10 +113,16 @@ class ControllerMetrics:
             "specgate_controller_replica_step_draft_seconds",
             "Learned drafter cost per drafting request in a step", ["replica"], registry=r,
         )
+        self.step_request = Gauge(
+            "specgate_controller_replica_step_request_seconds",
+            "Learned cost of one scheduled request in a step, beyond its tokens", ["replica"], registry=r,
+        )
         self.step_points = Gauge(
             "specgate_controller_replica_step_cost_points",
             "Distinct load points behind the learned step curve (0 = prior only)", ["replica"], registry=r,
         )
+
+    def _jobs(self, r: CollectorRegistry) -> None:
         self.canary_verdicts = Counter(
             "specgate_controller_canary_verdicts", "Canary verdicts this instance wrote (promote, rollback)", ["verdict"],
             registry=r,
@@ -163,13 +179,15 @@ class ControllerMetrics:
 
     def observe_step_costs(self, curves: dict[str, dict]) -> None:
         """`curves`: replica -> `StepCostLearner.describe()`."""
-        for gauge in (self.step_flat, self.step_knee, self.step_slope, self.step_draft, self.step_points):
+        for gauge in (self.step_flat, self.step_knee, self.step_slope, self.step_draft, self.step_request,
+                      self.step_points):
             gauge.clear()
         for name, c in curves.items():
             self.step_flat.labels(name).set(c["flat_ms"] / 1e3)
             self.step_knee.labels(name).set(c["knee_tokens"])
             self.step_slope.labels(name).set(c["slope_ms_per_token"] / 1e3)
             self.step_draft.labels(name).set(c["draft_ms_per_request"] / 1e3)
+            self.step_request.labels(name).set(c["request_ms"] / 1e3)
             self.step_points.labels(name).set(c["points"])
 
     def count_changes(self, tenants: list[str], traffic: dict[str, float]) -> None:
