@@ -60,6 +60,42 @@ def step_cell_key(requests: int, tokens: int, drafting: bool) -> StepCellKey:
     return power_of_two_bound(requests), power_of_two_bound(tokens), int(drafting)
 
 
+def add_step(cells: dict[StepCellKey, StepCell], requests: int, tokens: int, draft_tokens: int, drafting: bool,
+             seconds: float) -> None:
+    """Count one engine step into its cell (the plugin's table and the simulator keep cells alike)."""
+    key = step_cell_key(requests, tokens, drafting)
+    old = cells.get(key) or StepCell()
+    cells[key] = StepCell(old.steps + 1, old.seconds + seconds, old.requests + requests, old.tokens + tokens,
+                          old.draft_tokens + draft_tokens)
+
+
+ENGINE_STEP_HELP: dict[str, str] = {
+    "steps": "engine steps, by cell (batch and forward tokens bucketed to powers of two; "
+             "drafting: the drafter ran after the step)",
+    "seconds": "seconds those steps took (from the previous busy step's end, else their schedule(), "
+               "to the end of update_from_output())",
+    "requests": "scheduled requests summed over those steps",
+    "tokens": "forward tokens (prefill, decode and drafts) summed over those steps",
+    "draft_tokens": "drafted tokens verified, summed over those steps",
+}  # fmt: skip
+
+
+def step_families(cells: dict[StepCellKey, StepCell]) -> list:
+    """The exposition of `cells` as counter families (what a replica with the extension serves,
+    and the simulated replicas too); none while there is no cell."""
+    from prometheus_client.core import CounterMetricFamily
+
+    if not cells:
+        return []
+    families = {attr: CounterMetricFamily(name, ENGINE_STEP_HELP[attr], labels=list(STEP_CELL_LABELS))
+                for name, attr in ENGINE_STEP_FAMILIES.items()}  # fmt: skip
+    for key, cell in sorted(cells.items()):
+        labels = [str(v) for v in key]
+        for attr, family in families.items():
+            family.add_metric(labels, float(getattr(cell, attr)))
+    return list(families.values())
+
+
 @dataclass
 class VllmMetricsSnapshot:
     num_requests_running: float = 0.0

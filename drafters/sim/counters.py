@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from contract.vllm_metrics import StepCell, StepCellKey, step_cell_key
+from contract.vllm_metrics import StepCell, StepCellKey
 
 from .. import acceptance as acc
 
@@ -85,21 +85,12 @@ class EngineCounters:
     itl: BucketHistogram = field(default_factory=lambda: BucketHistogram(ITL_BUCKETS))
     tpot: BucketHistogram = field(default_factory=lambda: BucketHistogram(ITL_BUCKETS))
     e2e: BucketHistogram = field(default_factory=lambda: BucketHistogram(E2E_BUCKETS))
-    # The specgate extension's engine-timed steps (drafters/vllm_ext/step_timing.py): per
-    # (batch, tokens, drafting) cell, [steps, seconds, requests, tokens, draft tokens].
-    step_cells: dict[StepCellKey, list[float]] = field(default_factory=dict)
-
-    def record_step(self, requests: int, tokens: int, draft_tokens: int, drafting: bool, seconds: float) -> None:
-        """One step into its cell, as the plugin's Scheduler hooks record it on a real replica."""
-        c = self.step_cells.setdefault(step_cell_key(requests, tokens, drafting), [0.0] * 5)
-        c[0] += 1
-        c[1] += seconds
-        c[2] += requests
-        c[3] += tokens
-        c[4] += draft_tokens
+    # The specgate extension's engine-timed steps (drafters/vllm_ext/step_timing.py), per
+    # (batch, tokens, drafting) cell, counted as the plugin counts them on a real replica.
+    step_cells: dict[StepCellKey, StepCell] = field(default_factory=dict)
 
     def engine_steps(self) -> dict[StepCellKey, StepCell]:
-        return {key: StepCell(*sums) for key, sums in self.step_cells.items()}
+        return dict(self.step_cells)
 
     @property
     def acceptance_length(self) -> float | None:

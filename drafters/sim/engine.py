@@ -73,6 +73,7 @@ import numpy as np
 from .. import acceptance as acc
 from .. import costmodel as cm
 from contract.knobs import cap_at, step_draft_len
+from contract.vllm_metrics import add_step
 from .counters import (E2E_BUCKETS, ITER_TOKEN_BUCKETS, ITL_BUCKETS, TTFT_BUCKETS, BucketHistogram,
                        EngineCounters)
 from .engine_types import EngineConfig, EngineRequest, StepOutcome, lookup_k_table, vllm_batch_k_table
@@ -332,7 +333,7 @@ class ReplicaEngine:
         # the step (v1/metrics/loggers.py) -- emitted tokens, not the forward
         # work: rejected and trimmed drafts are not in it.
         c.iteration_tokens.observe(n_prefill + c.generation_tokens - generated_before)
-        c.record_step(n_sched, num_tokens, n_verified, k_step > 0, duration)
+        add_step(c.step_cells, n_sched, num_tokens, n_verified, k_step > 0, duration)
         c.steps += 1
         c.busy_s += duration
         self.last_cost = cost

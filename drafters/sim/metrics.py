@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
-from contract.vllm_metrics import ENGINE_STEP_FAMILIES, STEP_CELL_LABELS
+from contract.vllm_metrics import step_families
 
 from .. import costmodel as cm
 from ..vllm_ext.discovery import advertised_knobs
@@ -96,23 +96,13 @@ class SimCollector:
             g = GaugeMetricFamily(name, f"{name} (simulated from the cost model)", labels=dl)
             g.add_metric(dv, value)
             yield g
-        yield from step_families(c.engine_steps())
+        yield from step_families(c.step_cells)
         info = GaugeMetricFamily("specgate_ext_info", "specgate vLLM extension (simulated replica).",
                                  labels=["version", "knobs"])
         prof = eng.profile
         knobs = advertised_knobs(prof.method if prof.speculative else None, prof.adaptive)
         info.add_metric([SIM_VERSION, ",".join(knobs)], 1.0)
         yield info
-
-
-def step_families(cells: dict) -> list[CounterMetricFamily]:
-    """The extension's engine-timed step counters (contract.vllm_metrics.ENGINE_STEP_FAMILIES)."""
-    families = {f: CounterMetricFamily(name, f"specgate engine steps: {f} (simulated replica)", labels=list(STEP_CELL_LABELS))
-                for name, f in ENGINE_STEP_FAMILIES.items()}  # fmt: skip
-    for key, cell in sorted(cells.items()):
-        for f in families:
-            families[f].add_metric([str(v) for v in key], float(getattr(cell, f)))
-    return list(families.values()) if cells else []
 
 
 def sim_registry(sim: SimReplica) -> CollectorRegistry:

@@ -49,25 +49,16 @@ import os
 import threading
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
-from contract.vllm_metrics import ENGINE_STEP_FAMILIES, STEP_CELL_LABELS, StepCell, StepCellKey, step_cell_key
+from contract.vllm_metrics import StepCell, StepCellKey, add_step, step_cell_key, step_families
 
 logger = logging.getLogger("specgate.vllm_ext")
 
 STEP_STATS_RPC = "specgate_ext_step_stats"
 INTERVAL_ENV = "SPECGATE_STEP_STATS_INTERVAL_S"
 DEFAULT_INTERVAL_S = 1.0
-FIELDS = tuple(f.name for f in fields(StepCell))  # a table row's sums, in StepCell's order
-_HELP = {
-    "steps": "engine steps, by cell (batch and forward tokens bucketed to powers of two; "
-             "drafting: the drafter ran after the step)",
-    "seconds": "seconds those steps took (schedule() to the end of update_from_output())",
-    "requests": "scheduled requests summed over those steps",
-    "tokens": "forward tokens (prefill, decode and drafts) summed over those steps",
-    "draft_tokens": "drafted tokens verified, summed over those steps",
-}  # fmt: skip
 _T0_ATTR = "_specgate_step_t0"  # on a SchedulerOutput: when its schedule() began
 _LAST_END_ATTR = "_specgate_last_step_end"  # on the Scheduler
 _BUSY_ATTR = "_specgate_busy_at_last_end"  # on the Scheduler: it still had requests when the last step ended
@@ -103,22 +94,23 @@ class StepTable:
     """Cumulative per-cell sums in the engine core; thread-safe (read by the utility call)."""
 
     def __init__(self) -> None:
-        self._cells: dict[tuple[int, int, int], list[float]] = {}
+        self._cells: dict[StepCellKey, StepCell] = {}
         self._lock = threading.Lock()
 
     def record(self, shape: StepShape, seconds: float) -> None:
         with self._lock:
-            c = self._cells.setdefault(shape.cell, [0.0] * len(FIELDS))
-            c[0] += 1
-            c[1] += seconds
-            c[2] += shape.requests
-            c[3] += shape.tokens
-            c[4] += shape.draft_tokens
+            add_step(self._cells, shape.requests, shape.tokens, shape.draft_tokens, shape.drafting, seconds)
 
     def snapshot(self) -> list[list[float]]:
-        """JSON-ready rows [batch, tokens, drafting, steps, seconds, requests, tokens, draft_tokens]."""
+        """JSON-ready rows [batch, tokens, drafting, steps, seconds, requests, tokens, draft_tokens]
+        (the utility call's answer crosses a process boundary)."""
         with self._lock:
-            return [[*cell, *sums] for cell, sums in sorted(self._cells.items())]
+            return [[*key, *cell.values()] for key, cell in sorted(self._cells.items())]
+
+
+def cells_of(rows: list[list[float]]) -> dict[StepCellKey, StepCell]:
+    """PURE: `StepTable.snapshot` rows back into cells."""
+    return {(int(r[0]), int(r[1]), int(r[2])): StepCell(*(float(v) for v in r[3:8])) for r in rows}
 
 
 TABLE = StepTable()
@@ -146,7 +138,7 @@ def step_ended(scheduler: Any, scheduler_output: Any, t1: float) -> None:
     shape = shape_of(scheduler_output)
     if t0 is None or shape is None:
         return
-    TABLE.record(shape, t1 - (last if busy and last is not None else t0))
+    TABLE.record(shape, t1 - (last if busy else t0))  # busy is only ever set together with last
 
 
 def install_scheduler(scheduler_cls: type) -> bool:
@@ -200,17 +192,7 @@ class StepStatsCollector:
         return []  # unchecked collector: series appear once the first answer arrives
 
     def collect(self) -> Iterable:
-        from prometheus_client.core import CounterMetricFamily
-
-        families = {
-            field_name: CounterMetricFamily(family, _HELP[field_name], labels=list(STEP_CELL_LABELS))
-            for family, field_name in ENGINE_STEP_FAMILIES.items()
-        }
-        for row in self.rows:
-            labels = [str(int(row[0])), str(int(row[1])), str(int(row[2]))]
-            for i, field_name in enumerate(FIELDS):
-                families[field_name].add_metric(labels, float(row[3 + i]))
-        return list(families.values()) if self.rows else []
+        return step_families(cells_of(self.rows))
 
 
 COLLECTOR = StepStatsCollector()
