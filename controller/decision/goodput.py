@@ -109,12 +109,39 @@ class GoodputModel:
     def total(self, reps: list[ReplicaInput], choice: Mapping[str, int]) -> float:
         return sum(self.evaluate(rep, choice).goodput for rep in reps)
 
+    def _drafting_share(self, rep: ReplicaInput, weights_caps: list[tuple[float, int]],
+                        batch: float) -> tuple[float, float]:
+        """(share of the batch the drafter's pass covers, share of steps that run the pass).
+
+        vLLM drafts batch-wide: on a speculative replica the drafter proposes a
+        full block for every decoding request whatever the per-request caps
+        (a cap of 0 saves verification, not drafting). Two ways out: with an off
+        pool, a tenant at k=0 is routed there (preferred_profile="off") and
+        stops costing this replica's drafter; and on a knob-capable replica
+        (drafters.vllm_ext) a step whose requests are all capped at 0 runs with
+        K=0, which skips the drafter's pass -- so the pass is paid while anyone
+        on the replica drafts, and not at all once nobody does.
+
+        "While anyone drafts" is per step: a step drafts when it holds at
+        least one drafting request, which for a batch of B requests drawn
+        from the mix happens with probability phi = 1 - (1 - w)^B (w: the
+        drafting tenants' weight). At a deep batch phi is ~1 whenever anyone
+        drafts; at light load a small tenant's drafts cost only its own steps.
+        """
+        drafting_weight = sum(w for w, cap in weights_caps if cap > 0)
+        if self.off_pool:
+            return drafting_weight, 1.0
+        if rep.supports_knobs:
+            drafting_weight = min(1.0, drafting_weight)
+            return (1.0 if drafting_weight > 0 else 0.0), 1.0 - (1.0 - drafting_weight) ** batch
+        return (1.0 if rep.block > 0 else 0.0), 1.0
+
     def evaluate(self, rep: ReplicaInput, choice: Mapping[str, int]) -> ReplicaEval:
         """Goodput, step time, tokens per step and per-tenant tau of `rep`.
 
         An idle replica is evaluated as holding one request (the next arrival).
         The drafter's pass covers the replica's whole block (DSpark drafts it in
-        one parallel pass) for the share of the batch that drafts, see below.
+        one parallel pass) for the share of the batch that drafts (`_drafting_share`).
         """
         batch = run_batch(rep)
         mix = rep.mix or {DEFAULT_TENANT: 1.0}
@@ -126,29 +153,7 @@ class GoodputModel:
             cap = effective_cap(rep, choice.get(tenant, default_k))
             rows.append((tenant, w, self.acceptance(tenant, rep.method), cap, self.thetas.get(tenant),
                          self.proposes(tenant, rep.method)))
-        # vLLM drafts batch-wide: on a speculative replica the drafter proposes a
-        # full block for every decoding request whatever the per-request caps
-        # (a cap of 0 saves verification, not drafting). Two ways out: with an off
-        # pool, a tenant at k=0 is routed there (preferred_profile="off") and
-        # stops costing this replica's drafter; and on a knob-capable replica
-        # (drafters.vllm_ext) a step whose requests are all capped at 0 runs with
-        # K=0, which skips the drafter's pass -- so the pass is paid while anyone
-        # on the replica drafts, and not at all once nobody does.
-        #
-        # "While anyone drafts" is per step: a step drafts when it holds at
-        # least one drafting request, which for a batch of B requests drawn
-        # from the mix happens with probability phi = 1 - (1 - w)^B (w: the
-        # drafting tenants' weight). At a deep batch phi is ~1 whenever anyone
-        # drafts; at light load a small tenant's drafts cost only its own steps.
-        phi = 1.0
-        if self.off_pool:
-            drafting = sum(w for _, w, _, cap, _, _ in rows if cap > 0)
-        elif rep.supports_knobs:
-            drafting_weight = min(1.0, sum(w for _, w, _, cap, _, _ in rows if cap > 0))
-            drafting = 1.0 if drafting_weight > 0 else 0.0
-            phi = 1.0 - (1.0 - drafting_weight) ** batch
-        else:
-            drafting = 1.0 if rep.block > 0 else 0.0
+        drafting, phi = self._drafting_share(rep, [(w, cap) for _, w, _, cap, _, _ in rows], batch)
         longest = rep.block if drafting > 0 else 0
 
         def step_time(n: float, extra: float = 0.0) -> float:

@@ -58,6 +58,19 @@ def _margin(cfg: DecisionConfig, cur: int | None, candidate: int, slo_driven: bo
     return cfg.retune_margin + extra
 
 
+def _first_decision(p: TenantProposal, cfg: DecisionConfig) -> tuple[int, str]:
+    """A tenant's first decision: the uncapped default (the replica's full block) stands unless
+    the proposal beats it by the retune margin -- a cap must earn its place, as every later change
+    must."""
+    table, best = p.table, p.best
+    default = max(table) if table else best
+    g_default = table.get(default, 0.0)
+    gain = ((table.get(best, 0.0) / g_default - 1.0) / p.share) if g_default > 0 else math.inf
+    if best == 0 or best == default or gain >= cfg.retune_margin or p.slo_driven or p.pinned is not None:
+        return best, "first decision"
+    return default, f"first decision: k={cap_label(best)} would gain only {gain:+.1%}"
+
+
 def step(prev: TenantState, p: TenantProposal, cfg: DecisionConfig, now: float) -> Verdict:
     """One tick of the state machine: hold, confirm, or change the tenant's cap."""
     table, best, share = p.table, p.best, p.share
@@ -73,8 +86,7 @@ def step(prev: TenantState, p: TenantProposal, cfg: DecisionConfig, now: float) 
     # so a change is never followed by a verdict based on one noisy tick.
     # Normalised per tick (best = 1) so that a load step does not leave
     # yesterday's absolute goodput dominating the average.
-    prev_s = dict(prev.smoothed)
-    top = max(table.values(), default=0.0) or 1.0
+    prev_s, top = dict(prev.smoothed), max(table.values(), default=0.0) or 1.0
     ema = {k: cfg.smoothing * g / top + (1 - cfg.smoothing) * prev_s.get(k, g / top) for k, g in table.items()}
     smoothed: dict[int, float] = {}
     if cur is not None and ema.get(cur, 0.0) > 0:
@@ -95,16 +107,7 @@ def step(prev: TenantState, p: TenantProposal, cfg: DecisionConfig, now: float) 
     strong = strong_now and strong_count >= cfg.strong_ticks
     why: str
     if cur is None:
-        # First decision: the uncapped default (the replica's full block)
-        # stands unless the proposal beats it by the retune margin -- a cap
-        # must earn its place, as every later change must.
-        default = max(table) if table else best
-        g_default = table.get(default, 0.0)
-        gain_first = ((table.get(best, 0.0) / g_default - 1.0) / share) if g_default > 0 else math.inf
-        if best == 0 or best == default or gain_first >= cfg.retune_margin or p.slo_driven or p.pinned is not None:
-            chosen, why = best, "first decision"
-        else:
-            chosen, why = default, f"first decision: k={cap_label(best)} would gain only {gain_first:+.1%}"
+        chosen, why = _first_decision(p, cfg)
         pending_k, pending_count = None, 0
     elif forced:
         chosen, why = best, f"admin override ({p.pinned})"
