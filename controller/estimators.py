@@ -17,7 +17,7 @@ Two time scales on purpose:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from .acceptance_fit import (
     ACCEPTANCE_PRIOR,
@@ -184,13 +184,9 @@ class _TenantSums:
     proposal_full: float = 0.0
 
     def scale(self, d: float) -> None:
-        self.steps *= d
-        self.drafted *= d
-        self.accepted *= d
-        self.decode_steps *= d
-        self.proposal_steps *= d
-        self.proposal_drafted *= d
-        self.proposal_full *= d
+        """Decay every sum by `d` (the routing mix `by_replica` keeps its own half-life)."""
+        for name in _TENANT_SUM_FIELDS:
+            setattr(self, name, getattr(self, name) * d)
 
     def add(self, smp: TenantSample, verify_ratio: float) -> None:
         self.steps += smp.get("num_spec_steps")
@@ -200,6 +196,9 @@ class _TenantSums:
         self.proposal_steps += smp.get("allowed_spec_steps")
         self.proposal_drafted += smp.get("allowed_draft_tokens")
         self.proposal_full += smp.get("allowed_full_tokens")
+
+
+_TENANT_SUM_FIELDS = tuple(f.name for f in fields(_TenantSums) if f.type in (float, "float"))
 
 
 def _shrunk(s: _TenantSums, prior: float, n0: float) -> float:
@@ -239,9 +238,6 @@ class TenantEstimator:
                 del self.arm_sums[key]
         for s in self.sums.values():
             s.scale(d)
-            s.completion *= d
-            s.prompt *= d
-            s.requests *= d
             for r in list(s.by_replica):
                 s.by_replica[r] *= dm
                 if s.by_replica[r] < 1e-3:
