@@ -33,6 +33,20 @@ Both read low where a step capped the request below its allowance (a
 schedule's batch rule); per-request metrics cannot tell such a step from one
 without a proposal.
 
+A fifth group is the survival curve per draft position, from vLLM's
+per-request `acceptance_histogram` (steps that accepted exactly j drafts).
+For each position i up to the request's `draft_allowance` (at most
+`SURVIVAL_POSITIONS`): `survival_reach_{i}`, its proposal steps that accepted
+at least i-1 drafts (all of them for i = 1), and `survival_accepted_{i}`,
+those that accepted at least i. Their ratio is the conditional survival
+q_i = P(accepted >= i | accepted >= i-1, a proposal, allowance >= i), and
+the product of q_1..q_i the share of proposals that reach position i
+(`controller.estimators`): measured where the geometric model only assumed
+a shape, and only from requests that could have drafted position i, so a
+tenant capped at 4 says nothing about position 6. A proposal shorter than i
+counts as not reaching i (ngram's short copies included); a step a schedule
+capped below the allowance reads the same (as for the proposal rate).
+
 A fourth group compares a probe's two arms (`contract.policy.ProbeSpec`):
 for requests whose tenant policy carried a probe, the engine's decode time
 (`metrics.generation_time_ms`, vLLM `--enable-per-request-metrics`: first to
@@ -77,6 +91,20 @@ COUNTER_FIELDS = (
     "probed_plain_tokens",  # under a probe: the same for requests not allowed to draft
     "probed_plain_seconds",
 )
+# Draft positions with survival counters (`survival_reach_{i}`, `survival_accepted_{i}`, i = 1..this).
+SURVIVAL_POSITIONS = 16
+
+
+def survival_reach_field(position: int) -> str:
+    return f"survival_reach_{position}"
+
+
+def survival_accepted_field(position: int) -> str:
+    return f"survival_accepted_{position}"
+
+
+COUNTER_FIELDS += tuple(f(i) for i in range(1, SURVIVAL_POSITIONS + 1)
+                        for f in (survival_reach_field, survival_accepted_field))
 
 
 @dataclass(frozen=True)
@@ -100,6 +128,8 @@ class RequestSpecStats:
     # request was routed (then it is one of the two arms compared).
     decode_s: float | None = None
     probed: bool = False
+    # vLLM's `acceptance_histogram`: [j] = proposal steps that accepted exactly j drafts (None: not reported).
+    acceptance_histogram: tuple[int, ...] | None = None
 
     @property
     def decode_steps(self) -> int:
@@ -160,6 +190,7 @@ class RequestSpecStats:
             draft_allowance=allowance,
             decode_s=None if generation_ms is None else generation_ms / 1000.0,
             probed=probed,
+            acceptance_histogram=_histogram(spec.get("acceptance_histogram"), steps),
         )
 
 
@@ -170,6 +201,17 @@ def _count(value: Any) -> int | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
         return None  # (an infinite count would make int() raise)
     return int(value)
+
+
+def _histogram(value: Any, steps: int | None) -> tuple[int, ...] | None:
+    """vLLM's acceptance histogram as counts, or None where it is absent, malformed or
+    disagrees with the summary's own step count (untrusted replica data)."""
+    if not isinstance(value, list) or not value or len(value) > 1 + 4 * SURVIVAL_POSITIONS:
+        return None
+    counts = tuple(_count(v) for v in value)
+    if None in counts or (steps is not None and sum(counts) != steps):
+        return None
+    return counts  # type: ignore[return-value]
 
 
 def _seconds(value: Any) -> float | None:
@@ -229,6 +271,8 @@ def add_increments(acc: dict[str, float], stats: RequestSpecStats) -> dict[str, 
             acc["allowed_spec_steps"] = get("allowed_spec_steps", 0) + steps
             acc["allowed_draft_tokens"] = get("allowed_draft_tokens", 0) + drafted
             acc["allowed_full_tokens"] = get("allowed_full_tokens", 0) + steps * allowance
+            if stats.acceptance_histogram and steps:
+                _add_survival(acc, stats.acceptance_histogram, allowance)
     if stats.probed and stats.decode_s is not None and stats.draft_allowance is not None and stats.completion_tokens > 1:
         arm = "probed_drafting" if stats.draft_allowance > 0 else "probed_plain"
         acc[f"{arm}_tokens"] = get(f"{arm}_tokens", 0) + stats.completion_tokens - 1
@@ -239,6 +283,21 @@ def add_increments(acc: dict[str, float], stats: RequestSpecStats) -> dict[str, 
         acc["timed_seconds"] = get("timed_seconds", 0) + d
         acc["timed_completion_tokens"] = get("timed_completion_tokens", 0) + stats.completion_tokens
     return acc
+
+
+def _add_survival(acc: dict[str, float], histogram: tuple[int, ...], allowance: int) -> None:
+    """Position i's reach (steps that accepted >= i-1 drafts) and survivors (>= i), for the
+    positions the request could draft."""
+    get = acc.get
+    at_least = sum(histogram)  # steps that accepted >= i-1, starting at i = 1
+    for i in range(1, min(allowance, len(histogram) - 1, SURVIVAL_POSITIONS) + 1):
+        survivors = at_least - histogram[i - 1]
+        reach, accepted = survival_reach_field(i), survival_accepted_field(i)
+        acc[reach] = get(reach, 0) + at_least
+        acc[accepted] = get(accepted, 0) + survivors
+        if survivors == 0:
+            break  # later positions reached by no step: nothing to add
+        at_least = survivors
 
 
 async def record_increments(store: Store, tenant: str, replica: str, increments: Mapping[str, float]) -> None:

@@ -5,10 +5,13 @@ per-position acceptance `a`: position i of a draft survives with probability
 a**i (cumulative), so a draft capped at k tokens yields
 tau(k) = 1 + a + a**2 + ... + a**k tokens per verification step. It is
 fitted to drafted and accepted totals; the geometric shape is what DSpark's
-measured per-position survival follows (s_i ~ s1 * r**(i-1)). vLLM's
-per-request `acceptance_histogram` would identify the survival per position
-(a whole-match drafter such as ngram does not follow the geometric shape);
-it is not used yet (docs/controller.md, Known limits).
+measured per-position survival follows (s_i ~ s1 * r**(i-1)). Where a tenant
+has enough proposals with vLLM's per-request `acceptance_histogram`, its
+measured survival per position (`Proposal.survival`, from
+`controller.estimators`) replaces the geometric shape in the tokens a draft
+yields: a whole-match drafter such as ngram (a copy accepted whole or left
+early) does not follow it, and extrapolated along it from a cap of 4 a
+tenant's drafts of 8 were priced at 3.4 accepted tokens where they gave 4.8.
 """
 
 from __future__ import annotations
@@ -80,15 +83,50 @@ class Proposal(NamedTuple):
 
     rate: float = 1.0
     fill: float = 1.0
+    # Measured: [i-1] = the share of proposals whose drafts are accepted up to position i at
+    # least (short proposals included); None = not enough histograms, the geometric shape.
+    survival: tuple[float, ...] | None = None
 
     def drafted(self, length: int) -> float:
         """Mean draft tokens verified per decode step."""
         return self.rate * self.fill * length
 
     def tokens(self, a: float, length: int) -> float:
-        """Mean tokens emitted per decode step (bonus token included): a
-        proposal of `fill` x `length` tokens in a share `rate` of the steps."""
+        """Mean tokens emitted per decode step (bonus token included): in a
+        share `rate` of the steps a proposal, whose accepted drafts are the
+        measured survival summed over the `length` positions, or (without
+        one) `a`'s geometric survival over `fill` x `length` tokens."""
+        if self.survival:
+            return 1.0 + self.rate * survival_sum(self.survival, length)
         return 1.0 + self.rate * expected_accepted(a, self.fill * length)
+
+
+def survival_sum(survival: tuple[float, ...], length: int) -> float:
+    """Expected accepted drafts of a proposal allowed `length` positions: the survival summed
+    over them, continued past the measured positions at the last position's conditional rate."""
+    if length <= 0:
+        return 0.0
+    total = sum(survival[:length])
+    if length > len(survival) and survival[-1] > 0:
+        prev = survival[-2] if len(survival) > 1 else 1.0
+        r, s = min(survival[-1] / prev, 0.9999) if prev > 0 else 0.0, survival[-1]
+        total += s * r * (1.0 - r ** (length - len(survival))) / (1.0 - r)
+    return total
+
+
+def survival_from_counts(reach: list[float], survived: list[float], q_prior: float, pseudo_steps: float) -> tuple[float, ...]:
+    """PURE: the survival per position from per-position counts (`contract.telemetry`'s
+    `survival_reach_{i}`, `survival_accepted_{i}`). Each position's conditional rate
+    q_i = survived_i / reach_i is shrunk by `pseudo_steps` toward the previous position's (the
+    first toward `q_prior`, the tenant's geometric acceptance), so a position without evidence
+    continues the shape measured before it instead of falling to a prior that another drafter's
+    shape set; the survival is the running product of the q_i."""
+    out, q, s = [], q_prior, 1.0
+    for r, n in zip(reach, survived):
+        q = (n + pseudo_steps * q) / (r + pseudo_steps)
+        s *= min(max(q, 0.0), 1.0)
+        out.append(s)
+    return tuple(out)
 
 
 ALWAYS_PROPOSES = Proposal()
@@ -116,6 +154,10 @@ def method_acceptance_prior(method: str) -> float:
 PROPOSAL_PRIOR: dict[str, Proposal] = {"ngram": Proposal(rate=0.3, fill=0.7)}
 PRIOR_DECODE_STEPS = 50.0
 PRIOR_FULL_TOKENS = 100.0
+# The measured survival replaces the geometric shape once this many (decayed) proposal steps
+# with histograms back it; each position's rate is shrunk by SURVIVAL_PSEUDO_STEPS.
+SURVIVAL_MIN_STEPS = 30.0
+SURVIVAL_PSEUDO_STEPS = 20.0
 
 
 def method_proposal(method: str) -> Proposal:

@@ -19,15 +19,21 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, fields
 
+from contract.telemetry import SURVIVAL_POSITIONS, survival_accepted_field, survival_reach_field
+
 from .acceptance_fit import (
     ACCEPTANCE_PRIOR,
+    ALWAYS_PROPOSES,
     PRIOR_DECODE_STEPS,
     PRIOR_FULL_TOKENS,
     PROPOSAL_PRIOR,
+    SURVIVAL_MIN_STEPS,
+    SURVIVAL_PSEUDO_STEPS,
     Proposal,
     expected_accepted,
     fit_conditional_acceptance,
     method_acceptance_prior,
+    survival_from_counts,
 )
 from .costs import ReplicaCost, parse_profile
 from .decision import MeasuredGain, ReplicaInput, TenantView
@@ -182,11 +188,16 @@ class _TenantSums:
     proposal_steps: float = 0.0
     proposal_drafted: float = 0.0
     proposal_full: float = 0.0
+    # Per draft position i (index i-1): proposal steps that reached it and those accepted there.
+    reach: list[float] = field(default_factory=lambda: [0.0] * SURVIVAL_POSITIONS)
+    survived: list[float] = field(default_factory=lambda: [0.0] * SURVIVAL_POSITIONS)
 
     def scale(self, d: float) -> None:
         """Decay every sum by `d` (the routing mix `by_replica` keeps its own half-life)."""
         for name in _TENANT_SUM_FIELDS:
             setattr(self, name, getattr(self, name) * d)
+        self.reach = [v * d for v in self.reach]
+        self.survived = [v * d for v in self.survived]
 
     def add(self, smp: TenantSample, verify_ratio: float) -> None:
         self.steps += smp.get("num_spec_steps")
@@ -196,8 +207,14 @@ class _TenantSums:
         self.proposal_steps += smp.get("allowed_spec_steps")
         self.proposal_drafted += smp.get("allowed_draft_tokens")
         self.proposal_full += smp.get("allowed_full_tokens")
+        if smp.get(SURVIVAL_REACH[0]) > 0:
+            for i in range(SURVIVAL_POSITIONS):
+                self.reach[i] += smp.get(SURVIVAL_REACH[i])
+                self.survived[i] += smp.get(SURVIVAL_ACCEPTED[i])
 
 
+SURVIVAL_REACH = tuple(survival_reach_field(i) for i in range(1, SURVIVAL_POSITIONS + 1))
+SURVIVAL_ACCEPTED = tuple(survival_accepted_field(i) for i in range(1, SURVIVAL_POSITIONS + 1))
 _TENANT_SUM_FIELDS = tuple(f.name for f in fields(_TenantSums) if f.type in (float, "float"))
 
 
@@ -306,12 +323,19 @@ class TenantEstimator:
         on are left to the prior (`GoodputModel.proposal`)."""
         out: dict[str, Proposal] = {}
         for (t, method), s in self.method_sums.items():
-            prior = PROPOSAL_PRIOR.get(method)
-            if t != tenant or prior is None or s.decode_steps <= 0:
+            if t != tenant:
                 continue
-            rate = (s.proposal_steps + PRIOR_DECODE_STEPS * prior.rate) / (s.decode_steps + PRIOR_DECODE_STEPS)
-            fill = (s.proposal_drafted + PRIOR_FULL_TOKENS * prior.fill) / (s.proposal_full + PRIOR_FULL_TOKENS)
-            out[method] = Proposal(min(1.0, rate), min(1.0, fill))
+            prior = PROPOSAL_PRIOR.get(method)
+            survival = None
+            if s.reach[0] >= SURVIVAL_MIN_STEPS:
+                a = _shrunk(s, method_acceptance_prior(method), self.prior_steps)
+                survival = survival_from_counts(s.reach, s.survived, a, SURVIVAL_PSEUDO_STEPS)
+            if prior is not None and s.decode_steps > 0:
+                rate = (s.proposal_steps + PRIOR_DECODE_STEPS * prior.rate) / (s.decode_steps + PRIOR_DECODE_STEPS)
+                fill = (s.proposal_drafted + PRIOR_FULL_TOKENS * prior.fill) / (s.proposal_full + PRIOR_FULL_TOKENS)
+                out[method] = Proposal(min(1.0, rate), min(1.0, fill), survival)
+            elif survival is not None:
+                out[method] = (prior or ALWAYS_PROPOSES)._replace(survival=survival)
         return out
 
     def measured_gain(self, tenant: str, min_tokens: float = MIN_ARM_TOKENS) -> MeasuredGain | None:

@@ -20,6 +20,7 @@ from contract.knobs import Schedule
 from contract.overrides import FleetShape, TenantOverride, apply_override
 from contract.policy import SpeculationPolicy
 
+from ..acceptance_fit import Proposal
 from .context import FleetContext
 from .goodput import regime_label
 from .hysteresis import Verdict
@@ -97,6 +98,13 @@ def tenant_policy(
     return policy.model_copy(update={"reason": "; ".join(bits), "source": source})
 
 
+def _proposal_fields(q: Proposal) -> dict:
+    out: dict = {"rate": round(q.rate, 4), "fill": round(q.fill, 4)}
+    if q.survival:
+        out["survival"] = [round(x, 4) for x in q.survival]
+    return out
+
+
 def record(
     now: float, changed: bool, policy: SpeculationPolicy, v: Verdict, p: TenantProposal, view: TenantView,
     theta: float | None, theta_star: float, rho: dict[str, float], tpot_ms: float,
@@ -109,10 +117,10 @@ def record(
         "theta_star": theta_star or None,  # the floor's marginal-cost value, published only when it pays
         "acceptance": round(view.acceptance, 4),
         "evidence_steps": round(view.evidence_steps, 1),
-        # Per method that may not propose (ngram): the measured share of decode steps with a
-        # proposal and the share of the allowance proposed (`TenantEstimator.method_proposal`).
-        "proposal": {m: {"rate": round(q.rate, 4), "fill": round(q.fill, 4)} for m, q in sorted(view.proposal.items())}
-        or None,
+        # Per method: the measured share of decode steps with a proposal and the share of the
+        # allowance proposed (methods that may not propose: ngram), and the measured survival per
+        # draft position where histograms back it (`TenantEstimator.method_proposal`).
+        "proposal": {m: _proposal_fields(q) for m, q in sorted(view.proposal.items())} or None,
         "gain_vs_off": round(gain_vs_off(v, p), 4),
         "improvement": None if math.isinf(v.improvement) else round(v.improvement, 4),
         "traffic_share": round(p.share, 4),

@@ -366,6 +366,7 @@ class Simulation:
             num_draft_tokens=er.draft_tokens if speculative else None,
             num_accepted_draft_tokens=er.accepted_tokens if speculative else None,
             draft_allowance=(block if cap is None else min(block, cap)) if speculative else None,
+            acceptance_histogram=tuple(er.accepted_hist) if speculative and er.accepted_hist else None,
         )
         c = self.tenant_counters.get((er.tenant, replica))
         if c is None:

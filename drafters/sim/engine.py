@@ -280,6 +280,10 @@ class ReplicaEngine:
                     r.spec_steps += 1
                     r.draft_tokens += d
                     r.accepted_tokens += a
+                    h = r.accepted_hist
+                    if h is None or len(h) <= a:
+                        h = r.accepted_hist = (h or []) + [0] * (a + 1 - len(h or []))
+                    h[a] += 1
                     c.num_drafts += 1
                     c.num_draft_tokens += d
                     c.num_accepted_tokens += a

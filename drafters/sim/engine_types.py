@@ -103,7 +103,7 @@ class EngineRequest:
         "id", "tenant", "workload", "prompt_tokens", "max_tokens", "max_draft", "min_confidence", "max_batch", "schedule",
         "arrival_s",
         "prefilled", "output", "first_token_s", "last_token_s", "finish_s", "finished", "finish_reason",
-        "spec_steps", "draft_tokens", "accepted_tokens", "accept", "logit_accept", "preset", "user", "replica",
+        "spec_steps", "draft_tokens", "accepted_tokens", "accepted_hist", "accept", "logit_accept", "preset", "user", "replica",
         "admitted_s", "preemptions", "_recompute", "natural_stop",
     )
 
@@ -132,6 +132,7 @@ class EngineRequest:
         self.spec_steps = 0
         self.draft_tokens = 0
         self.accepted_tokens = 0
+        self.accepted_hist: list[int] | None = None  # [j]: its proposal steps that accepted exactly j (vLLM's histogram)
         self.accept: np.ndarray | None = None
         self.logit_accept: np.ndarray | None = None
         self.preset: acc.WorkloadPreset | NgramPreset | None = None  # the replica's method decides which

@@ -183,3 +183,37 @@ def test_only_probed_requests_with_a_decode_time_and_known_knobs_count_in_an_arm
     # A replica that does not speculate (no speculative_decoding): the request was in the plain arm.
     plain = RequestSpecStats.from_response({"completion_tokens": 11}, {"generation_time_ms": 100.0}, knobs=STOCK, probed=True)
     assert increments_for(plain)["probed_plain_tokens"] == 10
+
+
+# -- survival per draft position (acceptance_histogram) -------------------------
+
+def _spec(hist: list[int], k: int) -> dict:
+    return {"speculative_decoding": {"num_spec_steps": sum(hist), "num_draft_tokens": k * sum(hist),
+                                     "num_accepted_draft_tokens": sum(j * c for j, c in enumerate(hist)),
+                                     "num_spec_tokens": k, "acceptance_histogram": hist}}
+
+
+def test_each_position_counts_the_steps_that_reached_it_and_those_accepted_there():
+    """Histogram [2, 1, 0, 3]: 6 proposal steps, 4 accepted >= 1 draft, 3 >= 2, 3 >= 3."""
+    stats = RequestSpecStats.from_response({"completion_tokens": 30}, _spec([2, 1, 0, 3], 3), knobs=STOCK)
+    inc = increments_for(stats)
+    assert [(inc[f"survival_reach_{i}"], inc[f"survival_accepted_{i}"]) for i in (1, 2, 3)] == [(6, 4), (4, 3), (3, 3)]
+    assert set(inc) <= set(COUNTER_FIELDS)
+
+
+def test_positions_beyond_the_requests_cap_get_no_evidence():
+    """Capped at 2 drafts (of the replica's 3), the request says nothing of position 3."""
+    stats = RequestSpecStats.from_response({"completion_tokens": 30}, _spec([2, 1, 3, 0], 3),
+                                           knobs=parse_knobs({"specgate_max_draft": 2}))
+    inc = increments_for(stats)
+    assert (inc["survival_reach_2"], inc["survival_accepted_2"]) == (4, 3)
+    assert "survival_reach_3" not in inc
+
+
+@pytest.mark.parametrize("hist", [[1, "x"], [-1, 3], [5, 1], "1,2", [], [1.5, 2]])
+def test_a_malformed_or_inconsistent_histogram_is_left_out(hist):
+    spec = _spec([1, 1], 1)
+    spec["speculative_decoding"]["acceptance_histogram"] = hist
+    stats = RequestSpecStats.from_response({"completion_tokens": 9}, spec, knobs=STOCK)
+    assert stats.acceptance_histogram is None
+    assert not any(name.startswith("survival_") for name in increments_for(stats))

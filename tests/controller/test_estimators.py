@@ -227,3 +227,45 @@ def test_the_view_carries_the_speculation_steps_behind_the_acceptance():
     est.update([_proposals("temp1", 4_000, 0.05, 0.6)], methods={"ng": "ngram"})
     view = est.views({"temp1"}, {})[0]
     assert view.acceptance_steps == pytest.approx(200) and view.evidence_steps == pytest.approx(4_000)
+
+
+def _survival_sample(tenant: str, steps: float, q: list[float], replica: str = "ng") -> TenantSample:
+    """`steps` proposals whose drafts survive each position i with conditional rate q[i-1]."""
+    deltas = dict(_proposals(tenant, steps / 0.4, 0.4, 0.7, replica=replica).deltas)
+    reach = steps
+    for i, qi in enumerate(q, start=1):
+        deltas[f"survival_reach_{i}"], deltas[f"survival_accepted_{i}"] = reach, reach * qi
+        reach *= qi
+    return TenantSample(tenant, replica, deltas)
+
+
+def test_the_measured_survival_replaces_the_geometric_shape_and_continues_past_the_cap():
+    """A whole-match drafter measured at a cap of 4 (half its proposals fail at once, the rest
+    mostly run on): a draft of 8 is priced by continuing the late positions' rate, not along a
+    geometric curve fitted to the four, which undervalues it."""
+    est = TenantEstimator()
+    est.update([_survival_sample("code", 5_000, [0.5, 0.95, 0.95, 0.95])], methods={"ng": "ngram"})
+    q = est.method_proposal("code")["ngram"]
+    assert q.survival is not None and len(q.survival) == 16
+    assert q.survival[:4] == pytest.approx([0.5, 0.475, 0.451, 0.429], abs=0.005)
+    assert q.survival[7] / q.survival[6] == pytest.approx(0.95, abs=0.01)  # positions 5-8 continue position 4's rate
+    measured_4 = sum(q.survival[:4])
+    a = fit_conditional_acceptance(1.0, 4.0, measured_4)  # the geometric curve through the same four positions
+    assert 1 + q.rate * sum(q.survival[:8]) == pytest.approx(q.tokens(a, 8))
+    assert q.tokens(a, 8) > 1 + q.rate * expected_accepted(a, 8) + 0.2
+
+
+def test_without_enough_histograms_the_shape_stays_geometric():
+    est = TenantEstimator()
+    est.update([_survival_sample("few", 10, [0.5, 0.9]), _proposals("none", 5_000, 0.4, 0.7)], methods={"ng": "ngram"})
+    assert est.method_proposal("few")["ngram"].survival is None
+    assert est.method_proposal("none")["ngram"].survival is None
+
+
+def test_a_trained_drafters_survival_is_kept_too_and_decays():
+    est = TenantEstimator(half_life_s=300)
+    est.update([_survival_sample("t", 2_000, [0.8] * 8, replica="ds")], methods={"ds": "dspark"})
+    q = est.method_proposal("t")["dspark"]
+    assert (q.rate, q.fill) == (1.0, 1.0) and q.survival[2] == pytest.approx(0.8**3, abs=0.01)
+    est.decay(300)
+    assert est.method_sums[("t", "dspark")].reach[0] == pytest.approx(1_000)

@@ -141,7 +141,15 @@ def test_tenant_counters_are_the_gateways_telemetry():
         c = expected.setdefault((r.tenant, r.replica), {f: 0.0 for f in COUNTER_FIELDS})
         for k, v in increments_for(stats).items():
             c[k] += v
-    assert sim.tenant_counters == expected
+    survival = {k: {f: v for f, v in c.items() if f.startswith("survival_")} for k, c in sim.tenant_counters.items()}
+    without = {k: {f: v for f, v in c.items() if not f.startswith("survival_")} for k, c in sim.tenant_counters.items()}
+    assert without == {k: {f: v for f, v in c.items() if not f.startswith("survival_")} for k, c in expected.items()}
+    # The per-request acceptance histogram's survival counters: every proposal step reaches
+    # position 1, and the survivors summed over the positions are the accepted drafts.
+    spec_s = sim.tenant_counters[("spec", "s")]
+    assert survival[("spec", "s")]["survival_reach_1"] == spec_s["num_spec_steps"] > 0
+    assert sum(survival[("spec", "s")][f"survival_accepted_{i}"] for i in range(1, 9)) == spec_s["num_accepted_draft_tokens"]
+    assert not any(survival[("spec", "o")].values())
     nospec = sim.tenant_counters[("nospec", "s")]
     assert nospec["spec_requests"] == nospec["requests"] > 0 and nospec["num_draft_tokens"] == 0
     assert nospec["allowed_decode_steps"] == 0  # capped at 0: no evidence of how it would propose
