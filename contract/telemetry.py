@@ -290,8 +290,8 @@ def _add_survival(acc: dict[str, float], histogram: tuple[int, ...], allowance: 
     positions the request could draft."""
     get = acc.get
     at_least = sum(histogram)  # steps that accepted >= i-1, starting at i = 1
-    for i in range(1, min(allowance, len(histogram) - 1, SURVIVAL_POSITIONS) + 1):
-        survivors = at_least - histogram[i - 1]
+    for i in range(1, min(allowance, SURVIVAL_POSITIONS) + 1):
+        survivors = at_least - histogram[i - 1]  # (the histogram reaches the largest count accepted: see break)
         reach, accepted = survival_reach_field(i), survival_accepted_field(i)
         acc[reach] = get(reach, 0) + at_least
         acc[accepted] = get(accepted, 0) + survivors

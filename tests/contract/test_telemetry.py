@@ -217,3 +217,13 @@ def test_a_malformed_or_inconsistent_histogram_is_left_out(hist):
     stats = RequestSpecStats.from_response({"completion_tokens": 9}, spec, knobs=STOCK)
     assert stats.acceptance_histogram is None
     assert not any(name.startswith("survival_") for name in increments_for(stats))
+
+
+def test_a_histogram_cut_at_its_largest_count_still_counts_the_next_positions_reach():
+    """[2, 3]: no step accepted 2 of the 3 drafts allowed, so position 2 is reached by 3 steps
+    and passed by none (a simulator's histogram may stop at its largest count; vLLM pads to K+1)."""
+    stats = RequestSpecStats(completion_tokens=9, num_spec_steps=5, num_draft_tokens=15, num_accepted_draft_tokens=3,
+                             draft_allowance=3, acceptance_histogram=(2, 3))
+    inc = increments_for(stats)
+    assert [(inc.get(f"survival_reach_{i}"), inc.get(f"survival_accepted_{i}")) for i in (1, 2, 3)] == [
+        (5, 3), (3, 0), (None, None)]
