@@ -232,7 +232,7 @@ async def test_speculation_telemetry_per_tenant_matches_what_replicas_reported(
     ngram_gw, plain_gw, vllm_ngram_server, redis_store
 ):
     """Two gateway instances share one Redis: counters per (tenant, replica) add up exactly,
-    the proposal counters included (the tenants' policies leave the replica's K uncapped, so
+    the proposal and per-position survival counters included (the tenants' policies leave the replica's K uncapped, so
     every ngram request was allowed to propose K tokens in each decode step)."""
     model = vllm_ngram_server.model
     expected: dict[tuple[str, str], dict[str, float]] = {}
@@ -241,7 +241,8 @@ async def test_speculation_telemetry_per_tenant_matches_what_replicas_reported(
         row = expected.setdefault((tenant_id, replica), dict.fromkeys(
             ("requests", "prompt_tokens", "completion_tokens", "spec_requests",
              "num_spec_steps", "num_draft_tokens", "num_accepted_draft_tokens", "allowed_decode_steps",
-             "allowed_spec_steps", "allowed_draft_tokens", "allowed_full_tokens"), 0.0))  # fmt: skip
+             "allowed_spec_steps", "allowed_draft_tokens", "allowed_full_tokens",
+             *(f"survival_{kind}_{i}" for i in range(1, NGRAM_K + 1) for kind in ("reach", "accepted"))), 0.0))  # fmt: skip
         row["requests"] += 1
         row["prompt_tokens"] += resp.usage.prompt_tokens
         row["completion_tokens"] += resp.usage.completion_tokens
@@ -255,6 +256,10 @@ async def test_speculation_telemetry_per_tenant_matches_what_replicas_reported(
             row["allowed_spec_steps"] += spec["num_spec_steps"]
             row["allowed_draft_tokens"] += spec["num_draft_tokens"]
             row["allowed_full_tokens"] += spec["num_spec_steps"] * spec["num_spec_tokens"]
+            hist = spec["acceptance_histogram"]  # [j]: steps that accepted exactly j drafts
+            for i in range(1, spec["num_spec_tokens"] + 1):  # the survival per position
+                row[f"survival_reach_{i}"] += sum(hist[i - 1:])
+                row[f"survival_accepted_{i}"] += sum(hist[i:])
 
     def run() -> None:
         for tenant_id, prompts in (("alpha", PROMPTS[:3]), ("beta", PROMPTS[3:])):
