@@ -103,8 +103,10 @@ def survival_accepted_field(position: int) -> str:
     return f"survival_accepted_{position}"
 
 
-COUNTER_FIELDS += tuple(f(i) for i in range(1, SURVIVAL_POSITIONS + 1)
-                        for f in (survival_reach_field, survival_accepted_field))
+# [i-1]: position i's field names (built once: the gateway adds them per request).
+SURVIVAL_REACH = tuple(survival_reach_field(i) for i in range(1, SURVIVAL_POSITIONS + 1))
+SURVIVAL_ACCEPTED = tuple(survival_accepted_field(i) for i in range(1, SURVIVAL_POSITIONS + 1))
+COUNTER_FIELDS += tuple(name for pair in zip(SURVIVAL_REACH, SURVIVAL_ACCEPTED) for name in pair)
 
 
 @dataclass(frozen=True)
@@ -290,9 +292,9 @@ def _add_survival(acc: dict[str, float], histogram: tuple[int, ...], allowance: 
     positions the request could draft."""
     get = acc.get
     at_least = sum(histogram)  # steps that accepted >= i-1, starting at i = 1
-    for i in range(1, min(allowance, SURVIVAL_POSITIONS) + 1):
-        survivors = at_least - histogram[i - 1]  # (the histogram reaches the largest count accepted: see break)
-        reach, accepted = survival_reach_field(i), survival_accepted_field(i)
+    for i in range(min(allowance, SURVIVAL_POSITIONS)):  # position i + 1
+        survivors = at_least - histogram[i]  # (the histogram reaches the largest count accepted: see break)
+        reach, accepted = SURVIVAL_REACH[i], SURVIVAL_ACCEPTED[i]
         acc[reach] = get(reach, 0) + at_least
         acc[accepted] = get(accepted, 0) + survivors
         if survivors == 0:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, fields
 
-from contract.telemetry import SURVIVAL_POSITIONS, survival_accepted_field, survival_reach_field
+from contract.telemetry import SURVIVAL_ACCEPTED, SURVIVAL_POSITIONS, SURVIVAL_REACH
 
 from .acceptance_fit import (
     ACCEPTANCE_PRIOR,
@@ -213,8 +213,6 @@ class _TenantSums:
                 self.survived[i] += smp.get(SURVIVAL_ACCEPTED[i])
 
 
-SURVIVAL_REACH = tuple(survival_reach_field(i) for i in range(1, SURVIVAL_POSITIONS + 1))
-SURVIVAL_ACCEPTED = tuple(survival_accepted_field(i) for i in range(1, SURVIVAL_POSITIONS + 1))
 _TENANT_SUM_FIELDS = tuple(f.name for f in fields(_TenantSums) if f.type in (float, "float"))
 
 
