@@ -208,12 +208,13 @@ def _count(value: Any) -> int | None:
 def _histogram(value: Any, steps: int | None) -> tuple[int, ...] | None:
     """vLLM's acceptance histogram as counts, or None where it is absent, malformed or
     disagrees with the summary's own step count (untrusted replica data)."""
-    if not isinstance(value, list) or not value or len(value) > 1 + 4 * SURVIVAL_POSITIONS:
+    if type(value) is not list or not 0 < len(value) <= 1 + 4 * SURVIVAL_POSITIONS:
         return None
-    counts = tuple(_count(v) for v in value)
-    if None in counts or (steps is not None and sum(counts) != steps):
+    if set(map(type, value)) != {int} or min(value) < 0:  # (bool is not `int` here)
         return None
-    return counts  # type: ignore[return-value]
+    if steps is not None and sum(value) != steps:
+        return None
+    return tuple(value)
 
 
 def _seconds(value: Any) -> float | None:
@@ -289,17 +290,17 @@ def add_increments(acc: dict[str, float], stats: RequestSpecStats) -> dict[str, 
 
 def _add_survival(acc: dict[str, float], histogram: tuple[int, ...], allowance: int) -> None:
     """Position i's reach (steps that accepted >= i-1 drafts) and survivors (>= i), for the
-    positions the request could draft."""
+    positions the request could draft. (A histogram may stop at its largest count, as the
+    simulator's does; vLLM pads it to K+1: past its end no step reaches a position.)"""
     get = acc.get
-    at_least = sum(histogram)  # steps that accepted >= i-1, starting at i = 1
-    for i in range(min(allowance, SURVIVAL_POSITIONS)):  # position i + 1
-        survivors = at_least - histogram[i]  # (the histogram reaches the largest count accepted: see break)
+    at_least = sum(histogram)  # steps that accepted >= i drafts, i = 0 first
+    for i in range(min(allowance, SURVIVAL_POSITIONS, len(histogram))):  # position i + 1
+        if not at_least:
+            break  # no step reaches this position or any later one: nothing to add
         reach, accepted = SURVIVAL_REACH[i], SURVIVAL_ACCEPTED[i]
         acc[reach] = get(reach, 0) + at_least
-        acc[accepted] = get(accepted, 0) + survivors
-        if survivors == 0:
-            break  # later positions reached by no step: nothing to add
-        at_least = survivors
+        at_least -= histogram[i]
+        acc[accepted] = get(accepted, 0) + at_least
 
 
 async def record_increments(store: Store, tenant: str, replica: str, increments: Mapping[str, float]) -> None:
