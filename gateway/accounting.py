@@ -35,6 +35,14 @@ breaker closes). Leases keep serving from what they hold (it is paid for);
 refills fail fast. Adjustments, refunds and telemetry that cannot reach the
 store wait in memory and go out once it answers again.
 
+A store that comes back empty (restarted without persistence) is told apart
+from one that kept its data by a marker, `EPOCH_KEY`: the first instance to
+find it missing writes a new one, and every instance that sees it change
+pays into the shared window what it admitted within the last window, before
+the outage as well as during it (`local_budget`'s second ledger). Checked
+on every recovery probe and every heartbeat, so a restart quick enough to
+open no breaker is caught too.
+
 Telemetry: `spec_telemetry` counters are additive, so per-(tenant, replica)
 increments are summed in memory and flushed every `telemetry_flush_s`
 (and on shutdown): the controller differentiates counters over tens of
@@ -48,6 +56,7 @@ import asyncio
 import logging
 import math
 import time
+import uuid
 from collections import defaultdict
 from typing import Any
 
@@ -61,6 +70,12 @@ from .local_budget import LocalBudget
 from .periodic import Loops, every
 
 log = logging.getLogger("specgate.gateway.accounting")
+
+# The budget store's restart marker (see the module docstring): its value
+# changes exactly when the store lost its data. Held for ten years: no TTL
+# may make a live store look emptied.
+EPOCH_KEY = "budget:epoch"
+_EPOCH_TTL_S = 10 * 365 * 86400.0
 
 
 def estimate_tokens(body: dict[str, Any], default_max_tokens: int) -> int:
@@ -189,6 +204,7 @@ class Accounting:
         self._batch_in_flight = False
         self.max_batch = 256
         self._inflight_batches: set[asyncio.Task] = set()
+        self._epoch: str | None = None  # the restart marker as last seen; None: not yet read
 
     # -- budgets ------------------------------------------------------
     async def reserve(self, tenant: TenantConfig, estimate: int) -> tuple[WindowDecision | None, int]:
@@ -230,7 +246,10 @@ class Accounting:
             return await self._decide_store_down(tenant, tokens, down)
         if self.lease_fraction > 0:
             self._views[tenant.id] = _View(time.monotonic(), decision)
-        return decision, tokens if decision.allowed else 0
+        if decision.allowed:
+            self.local.note(tenant.id, 1, tokens)
+            return decision, tokens
+        return decision, 0
 
     @property
     def store_up(self) -> bool:
@@ -359,6 +378,7 @@ class Accounting:
             return
         if now >= lease.expires:
             self._return_lease(tenant.id, lease)
+        self.local.note(tenant.id, want_r, want_t)
         lease.requests += want_r
         lease.tokens += want_t
         lease.expires = now + self.lease_s
@@ -415,9 +435,11 @@ class Accounting:
         breaker closes). Repeats until nothing is owed, since requests keep
         being admitted locally while it runs; what fails is kept for the
         next probe."""
+        emptied = await self.guard.bounded(self._store_emptied)
         tenants = requests = tokens = 0
         while True:
-            owed = self.local.take()
+            owed = self.local.take(emptied)
+            emptied = False
             if not owed:
                 return {"reconciled_tenants": tenants, "reconciled_requests": requests, "reconciled_tokens": tokens}
             while owed:
@@ -431,6 +453,34 @@ class Accounting:
                 tenants += 1
                 requests += deltas.get("requests", 0)
                 tokens += deltas.get("tokens", 0)
+
+    async def _store_emptied(self) -> bool:
+        """Read (writing it first when missing) the store's restart marker;
+        True when it changed since last read: the store lost its data."""
+        await self.store.acquire_lock(EPOCH_KEY, uuid.uuid4().hex, _EPOCH_TTL_S)
+        epoch = await self.store.lock_owner(EPOCH_KEY)
+        seen, self._epoch = self._epoch, epoch
+        emptied = seen is not None and epoch != seen
+        if emptied:
+            log.warning("budget store came back empty; paying in this instance's window", extra={"fields": {"window_s": self.window_s}})
+        return emptied
+
+    async def watch_epoch(self) -> None:
+        """One heartbeat's check of the restart marker while the store is up
+        (while it is down, the recovery probe checks it); an emptied store
+        gets this instance's window paid in again."""
+        if not self.guard.up:
+            return
+        try:
+            emptied = await self.guard.call(self._store_emptied)
+        except StoreDown:
+            return
+        if emptied:
+            owed = self.local.take(emptied=True)
+            # Paid in with the ordinary adjustments (`flush_budgets`), which wait out a failing store.
+            for tenant_id, deltas in owed.items():
+                self._adjust_requests[tenant_id] += deltas["requests"]
+                self._adjust[tenant_id] += deltas["tokens"]
 
     # -- telemetry ----------------------------------------------------
     def record(self, tenant_id: str, replica: str, stats: RequestSpecStats) -> None:
@@ -488,6 +538,7 @@ class Accounting:
         self._loops.start(
             every(self.flush_s, self.flush_budgets, log, "budget flush"),
             every(self.telemetry_flush_s, self.flush_telemetry, log, "telemetry flush"),
+            every(self.guard.heartbeat_s, self.watch_epoch, log, "budget store restart check"),
         )
 
     async def stop(self) -> None:

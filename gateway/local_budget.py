@@ -15,6 +15,17 @@ locally; reconciliation pays in what was admitted within the last window
 (older admissions no longer count in a sliding window of that length). The
 token estimates are corrected by the ordinary settle adjustments, which wait
 in `Accounting` for the store like everything else.
+
+Why a second ledger (`note`): Redis can come back *empty* (restarted
+without persistence). The shared window then no longer holds what this
+instance admitted through it before the outage, and paying in only what was
+admitted locally would hand the tenant a fresh window on top of it. So the
+instance also remembers, per second, what it admitted through the shared
+store within the last window: it seeds the local window when an outage
+starts (the share is not spent twice), and it is paid in too when the store
+is found emptied (`take(emptied=True)`). Placed at "now" in either window,
+these counts expire up to one window later than they would have: the
+error is on the side of denying, never of over-admitting.
 """
 
 from __future__ import annotations
@@ -37,8 +48,12 @@ class LocalBudget:
         self.window_s = window_s
         self._clock = clock
         self._windows = MemoryStore(prefix="", clock=clock)
-        # tenant -> deque of [second, requests, tokens], oldest first
+        # tenant -> deque of [second, requests, tokens], oldest first: admitted locally
         self._ledger: dict[str, deque[list[int]]] = {}
+        # the same, admitted through the shared store (see the module docstring)
+        self._shared: dict[str, deque[list[int]]] = {}
+        self._seeded_to = 0  # seconds up to which `_shared` is already in the local windows
+        self._unseeded = False  # `_shared` has entries not yet in the local windows
 
     async def decide(self, tenant_id: str, rpm: int, tpm: int, tokens: int, instances: int) -> WindowDecision:
         """Admit or deny one request against this instance's share.
@@ -46,6 +61,8 @@ class LocalBudget:
         The returned `used` is scaled back up by `instances`: it estimates
         the tenant's usage across the fleet, so that the `x-ratelimit-*`
         headers keep quoting the tenant's own limits."""
+        if self._unseeded:
+            await self._seed()
         n = max(1, instances)
         limits = {"requests": local_share(rpm, n), "tokens": local_share(tpm, n)}
         # As the shared path caps a request's estimate at the limit, the local
@@ -57,29 +74,39 @@ class LocalBudget:
         used = {field: value * n for field, value in decision.used.items()}
         return WindowDecision(decision.allowed, decision.retry_after_s, used, decision.denied_field, decision.reset_s)
 
-    def _count(self, tenant_id: str, requests: int, tokens: int) -> None:
-        second = int(self._clock())
-        ledger = self._ledger.setdefault(tenant_id, deque())
-        if ledger and ledger[-1][0] == second:
-            ledger[-1][1] += requests
-            ledger[-1][2] += tokens
-        else:
-            ledger.append([second, requests, tokens])
-        horizon = second - self.window_s
-        while ledger and ledger[0][0] < horizon:
-            ledger.popleft()
+    def note(self, tenant_id: str, requests: int, tokens: int) -> None:
+        """The shared store admitted this (a request, or a lease's slice):
+        remembered for the rest of the window, in case the store loses it."""
+        _count_into(self._shared, int(self._clock()), self.window_s, tenant_id, requests, tokens)
+        self._unseeded = True
 
-    def take(self) -> dict[str, dict[str, int]]:
+    async def _seed(self) -> None:
+        """Put what the shared store admitted since the last seed into the
+        local windows, so an outage's share counts what came before it."""
+        now = int(self._clock())
+        since, self._seeded_to = self._seeded_to, now + 1
+        self._unseeded = False
+        for tenant_id, (r, t) in _sums(self._shared, max(since, now - self.window_s), now).items():
+            await self._windows.adjust_window(tenant_id, {"requests": r, "tokens": t}, self.window_s)
+
+    def _count(self, tenant_id: str, requests: int, tokens: int) -> None:
+        _count_into(self._ledger, int(self._clock()), self.window_s, tenant_id, requests, tokens)
+
+    def take(self, emptied: bool = False) -> dict[str, dict[str, int]]:
         """What is owed to the shared window, per tenant; the ledger starts
         afresh. The local windows are kept: they decay on their own, and
-        an outage soon after this one must not hand out a fresh share."""
-        horizon = self._clock() - self.window_s
+        an outage soon after this one must not hand out a fresh share.
+        `emptied`: the store came back without its data, so what it had
+        admitted from this instance within the window is owed again too."""
+        now = self._clock()
+        horizon = now - self.window_s
         owed: dict[str, dict[str, int]] = {}
-        for tenant_id, ledger in self._ledger.items():
-            r = sum(e[1] for e in ledger if e[0] >= horizon)
-            t = sum(e[2] for e in ledger if e[0] >= horizon)
-            if r or t:
-                owed[tenant_id] = {"requests": r, "tokens": t}
+        sources = (self._ledger, self._shared) if emptied else (self._ledger,)
+        for source in sources:
+            for tenant_id, (r, t) in _sums(source, horizon, now).items():
+                entry = owed.setdefault(tenant_id, {"requests": 0, "tokens": 0})
+                entry["requests"] += r
+                entry["tokens"] += t
         self._ledger = {}
         return owed
 
@@ -87,3 +114,29 @@ class LocalBudget:
         """Put back what could not be paid in (the store failed again)."""
         for tenant_id, deltas in owed.items():
             self._count(tenant_id, deltas.get("requests", 0), deltas.get("tokens", 0))
+
+
+def _count_into(ledgers: dict[str, deque[list[int]]], second: int, window_s: int, tenant_id: str, requests: int, tokens: int) -> None:
+    """Add to a tenant's per-second ledger, dropping seconds older than the window."""
+    ledger = ledgers.get(tenant_id)
+    if ledger is None:
+        ledger = ledgers[tenant_id] = deque()
+    if ledger and ledger[-1][0] == second:
+        ledger[-1][1] += requests
+        ledger[-1][2] += tokens
+        return
+    ledger.append([second, requests, tokens])
+    horizon = second - window_s
+    while ledger[0][0] < horizon:
+        ledger.popleft()
+
+
+def _sums(ledgers: dict[str, deque[list[int]]], start: float, end: float) -> dict[str, tuple[int, int]]:
+    """Per tenant, the (requests, tokens) of the seconds in [start, end]; tenants with nothing left out."""
+    out = {}
+    for tenant_id, ledger in ledgers.items():
+        r = sum(e[1] for e in ledger if start <= e[0] <= end)
+        t = sum(e[2] for e in ledger if start <= e[0] <= end)
+        if r or t:
+            out[tenant_id] = (r, t)
+    return out

@@ -233,3 +233,45 @@ def test_ratelimit_headers_on_lease_hits(start_backend, start_gateway):
     assert all(r.headers["x-ratelimit-limit-requests"] == "100000" for r in rs)
     assert all(int(r.headers["x-ratelimit-remaining-requests"]) < 100_000 for r in rs)
     assert store_calls < 40  # most were lease hits, and they carry the headers too
+
+
+# -- a store restarted empty ------------------------------------------------------------
+def test_store_restarted_empty_does_not_forget_what_was_admitted(start_backend, private_redis, gateway_on, budget_log):
+    """Issue 33: a tenant admitted 12 times before the outage must not get a
+    fresh window from an empty Redis, nor a fresh local share during the outage."""
+    store = private_redis()
+    backend = start_backend()
+    tenants = [tenant("alpha", requests_per_minute=20)]
+    gw = gateway_on(store.url, backend.url, tenants, instance_heartbeat_s=0.2, budget_store_retry_s=0.5, budget_window_s=3600)
+    wait_for(lambda: gw.state.accounting._epoch is not None, timeout=10)  # the restart marker was read
+    assert [ask(gw.url).status_code for _ in range(12)] == [200] * 12
+
+    store.stop()
+    during = [ask(gw.url).status_code for _ in range(15)]
+    assert during.count(200) == 8  # the local window starts from the 12 admitted through the store
+    store.start()  # empty: no persistence
+    wait_for(lambda: ready(gw.url)[1]["budget_store"] == "up", timeout=10)
+    client = store.client()
+    try:
+        keys = list(client.scan_iter(match="outage-test:budget:alpha:*"))
+        assert sum(float(client.hget(k, "requests") or 0) for k in keys) == 20  # before and during, paid in again
+    finally:
+        client.close()
+    assert [ask(gw.url).status_code for _ in range(5)] == [429] * 5
+
+
+def test_quick_empty_restart_is_caught_by_the_heartbeat(start_backend, private_redis, gateway_on):
+    """A restart between two heartbeats opens no breaker; the marker still tells."""
+    store = private_redis()
+    backend = start_backend()
+    gw = gateway_on(store.url, backend.url, [tenant("alpha", requests_per_minute=20)], instance_heartbeat_s=0.2, budget_window_s=3600)
+    wait_for(lambda: gw.state.accounting._epoch is not None, timeout=10)
+    assert [ask(gw.url).status_code for _ in range(15)] == [200] * 15
+    client = store.client()
+    try:
+        client.flushall()  # what a restart without persistence leaves
+        wait_for(lambda: sum(float(client.hget(k, "requests") or 0) for k in client.scan_iter(match="outage-test:budget:alpha:*")) == 15, timeout=10)
+    finally:
+        client.close()
+    codes = [ask(gw.url).status_code for _ in range(10)]
+    assert codes == [200] * 5 + [429] * 5
