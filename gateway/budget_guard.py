@@ -36,6 +36,8 @@ from redis.exceptions import RedisError
 
 from contract.store import Store
 
+from .periodic import log_failure
+
 log = logging.getLogger("specgate.gateway.budget_store")
 
 T = TypeVar("T")
@@ -198,8 +200,8 @@ class BudgetGuard:
         while True:
             try:
                 await self.beat()
-            except Exception:  # a bug in one beat must not end the loop
-                log.exception("budget store heartbeat failed")
+            except Exception as exc:  # a bug in one beat must not end the loop
+                log_failure(log, "budget store heartbeat", exc)
             await asyncio.sleep(self.heartbeat_s)
 
     def start(self) -> None:

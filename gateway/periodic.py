@@ -12,13 +12,37 @@ import asyncio
 import logging
 from typing import Awaitable, Callable
 
+import httpx
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+# What an outage of a dependency (the store, a replica) raises: sockets,
+# timeouts, the clients' own connection errors. Expected in operation, so
+# logged as one line without a traceback; anything else is a bug and keeps it.
+OUTAGE_ERRORS: tuple[type[BaseException], ...] = (OSError, TimeoutError, RedisConnectionError, RedisTimeoutError, httpx.TransportError)
+
+
+def is_outage(exc: BaseException) -> bool:
+    """An expected outage (the dependency is unreachable), not a bug."""
+    return isinstance(exc, OUTAGE_ERRORS)
+
+
+def log_failure(log: logging.Logger, what: str, exc: BaseException, note: str = "") -> None:
+    """The one line a failure's start gets: the error's class for an
+    outage, the traceback for anything unexpected."""
+    message = f"{what} failed{note}"
+    if is_outage(exc):
+        log.warning(message, extra={"fields": {"error": type(exc).__name__, "detail": str(exc)[:200]}})
+    else:
+        log.error(message, exc_info=exc)
+
 
 async def every(interval_s: float, body: Callable[[], Awaitable[None]], log: logging.Logger, what: str) -> None:
     """Run `body` every `interval_s` seconds (after the first wait) until cancelled;
     a failing round is logged and the loop goes on. Logged once per change of
     state, not once per round: an outage of the store (a policy poll every
-    second) is one line when it starts, with the traceback, and one when it
-    ends -- not a screenful per minute."""
+    second) is one line when it starts and one when it ends -- not a
+    screenful per minute, and no traceback for an outage (`log_failure`)."""
     failures = 0
     while True:
         await asyncio.sleep(interval_s)
@@ -27,7 +51,7 @@ async def every(interval_s: float, body: Callable[[], Awaitable[None]], log: log
         except Exception as exc:  # noqa: BLE001 - see docstring
             failures += 1
             if failures == 1:
-                log.exception("%s failed (further failures are not logged until it recovers)", what)
+                log_failure(log, what, exc, " (further failures are not logged until it recovers)")
             else:
                 log.debug("%s failed again: %s", what, type(exc).__name__)
             continue

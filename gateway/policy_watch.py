@@ -19,7 +19,7 @@ from contract.keys import POLICIES_CHANNEL, POLICIES_VERSION_KEY
 from contract.policy import PolicySet, SpeculationPolicy, load_policies, resolve_policy
 from contract.store import Store
 
-from .periodic import Loops, every
+from .periodic import Loops, every, log_failure
 
 log = logging.getLogger("specgate.gateway.policy")
 
@@ -79,14 +79,14 @@ class PolicyWatcher:
             except Exception as exc:
                 dropped += 1
                 if dropped == 1:
-                    log.warning("policy subscription dropped; retrying", extra={"fields": {"error": type(exc).__name__}})
+                    log_failure(log, "policy subscription", exc, "; retrying")
             await asyncio.sleep(self.poll_s)
 
     async def start(self) -> None:
         try:
             await self.refresh()
-        except Exception:
-            log.warning("initial policy load failed; using config defaults", exc_info=True)
+        except Exception as exc:
+            log_failure(log, "initial policy load", exc, "; using config defaults")
         self._loops.start(every(self.poll_s, self._poll_once, log, "policy poll"), self._subscribe())
 
     async def stop(self) -> None:
