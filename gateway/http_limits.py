@@ -33,6 +33,7 @@ from uvicorn.server import ServerState
 
 from contract.errors import error_body
 
+from . import access_log
 from .response_writer import ResponseWriter
 
 # After a rejection the connection reads and drops input this long before it
@@ -57,6 +58,7 @@ class ConnectionLimits:
     header_timeout_s: float = 10.0
     body_timeout_s: float = 30.0
     max_connections: int = 4096
+    access_log: bool = False  # rejections get an access-log record (`gateway.access_log`)
     # Pre-rendered answers: rejecting must not cost more than accepting.
     too_large: bytes = field(init=False, repr=False)
     header_timeout: bytes = field(init=False, repr=False)
@@ -72,7 +74,7 @@ class ConnectionLimits:
 
     @classmethod
     def from_settings(cls, gateway) -> "ConnectionLimits":
-        return cls(gateway.max_header_bytes, gateway.header_timeout_s, gateway.body_timeout_s, gateway.max_connections)
+        return cls(gateway.max_header_bytes, gateway.header_timeout_s, gateway.body_timeout_s, gateway.max_connections, gateway.access_log)
 
 
 class LimitedServerState(ServerState):
@@ -110,6 +112,7 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         self._header_bytes = 0
         self._last_read = 0
         self._dropping = False  # rejected: input is discarded until the connection closes
+        self._t_request = 0.0  # loop time the current request's first byte arrived (or the connection opened)
 
     # Connection -----------------------------------------------------------
     def connection_made(self, transport) -> None:  # type: ignore[override]
@@ -122,6 +125,7 @@ class GatewayHttpProtocol(HttpToolsProtocol):
             transport.close()
             return
         super().connection_made(transport)
+        self._t_request = self.loop.time()
         # A connection that never sends a byte is bounded by the header timeout too.
         self._timer = self.loop.call_later(self.limits.header_timeout_s, self._on_header_timeout)
 
@@ -178,7 +182,7 @@ class GatewayHttpProtocol(HttpToolsProtocol):
             return
         if self._in_headers:
             if self._header_bytes > self.limits.max_header_bytes:
-                self._reject(self.limits.too_large, current=False)
+                self._reject(self.limits.too_large, current=False, status=431, code="request_headers_too_large")
             elif self._timer is None:
                 self._timer = self.loop.call_later(self.limits.header_timeout_s, self._on_header_timeout)
         elif self._in_body and self._timer is None:
@@ -188,6 +192,7 @@ class GatewayHttpProtocol(HttpToolsProtocol):
     def on_message_begin(self) -> None:
         super().on_message_begin()
         if not self._in_headers:  # the next request on a kept-alive connection
+            self._t_request = self.loop.time()
             self._in_headers = True
             self._header_bytes = self._last_read
 
@@ -198,7 +203,7 @@ class GatewayHttpProtocol(HttpToolsProtocol):
             self._timer = None
         # The read count may include body bytes of the last read: measure exactly only then.
         if self._header_bytes > self.limits.max_header_bytes and self._header_size() > self.limits.max_header_bytes:
-            self._reject(self.limits.too_large, current=False)
+            self._reject(self.limits.too_large, current=False, status=431, code="request_headers_too_large")
             raise _Rejected()
         self._in_body = True
         super().on_headers_complete()
@@ -226,25 +231,31 @@ class GatewayHttpProtocol(HttpToolsProtocol):
     def _on_header_timeout(self) -> None:
         self._timer = None
         if not self.transport.is_closing() and not self._dropping:
-            self._reject(self.limits.header_timeout, current=False)
+            self._reject(self.limits.header_timeout, current=False, status=408, code="request_timeout")
 
     def _on_body_timeout(self) -> None:
         self._timer = None
         if not self.transport.is_closing() and not self._dropping:
-            self._reject(self.limits.body_timeout, current=True)
+            self._reject(self.limits.body_timeout, current=True, status=408, code="request_timeout")
 
     # Rejection ------------------------------------------------------------
-    def _reject(self, response: bytes, *, current: bool) -> None:
-        """Answer `response` and close. `current`: the request being rejected
-        already has a request cycle (body phase); otherwise a cycle still open
-        belongs to an earlier, pipelined request."""
+    def _reject(self, response: bytes, *, current: bool, status: int, code: str) -> None:
+        """Answer `response` (`status`, error `code`) and close. `current`: the
+        request being rejected already has a request cycle (body phase);
+        otherwise a cycle still open belongs to an earlier, pipelined request.
+        The access log gets the rejection: from the app, which is still
+        reading a current request (told on the cycle what the client got),
+        or from here for a request the app never saw."""
         self._dropping = True
         self._cancel_timer()
         cycle = self.cycle
+        app_logs = False  # the app's request path writes this request's record
         if cycle is not None and not cycle.response_complete:
             if current and not cycle.response_started:
                 # The app is still reading this body: it sees a disconnect and
                 # whatever it sends later is dropped; the answer is ours.
+                setattr(cycle, access_log.SERVER_ANSWER, (status, len(response)))
+                app_logs = True
                 cycle.disconnected = True
                 cycle.message_event.set()
             else:
@@ -252,6 +263,8 @@ class GatewayHttpProtocol(HttpToolsProtocol):
                 cycle.keep_alive = False
                 return
         self.transport.write(response)
+        if self.limits.access_log and not app_logs:
+            access_log.write(access_log.server_record(status, code, len(response), self.loop.time() - self._t_request))
         if self.transport.can_write_eof():
             self.transport.write_eof()
         if self.flow is not None:

@@ -17,6 +17,7 @@ import time
 from contract.knobs import STOCK, RequestKnobs, merged_xargs, parse_knobs
 from contract.telemetry import RequestSpecStats
 
+from . import access_log
 from .asgi_io import ClientGone, send_error
 from .capture import StreamSeen, stream_sample, whole_sample
 from .deps import RequestPathState
@@ -25,7 +26,6 @@ from .request_context import RequestContext
 from .stream.ends import abort_error, end_stream_with_error
 
 log = logging.getLogger("specgate.gateway.proxy")
-access_log = logging.getLogger("specgate.gateway.access")
 
 _perf = time.perf_counter
 _REFUNDED = (503, 502)
@@ -165,9 +165,9 @@ async def _try_send_error(send, ctx: RequestContext, err: GatewayError) -> None:
         pass
 
 
-def finish(state: RequestPathState, ctx: RequestContext) -> None:
+def finish(state: RequestPathState, ctx: RequestContext, send=None) -> None:
     """Per-request observability, after the response is out: deferred spans,
-    request/latency metrics, the access-log line."""
+    request/latency metrics, the access-log record (`gateway.access_log`)."""
     elapsed = _perf() - ctx.t0
     if ctx.root is not None:
         deferred_spans(state.tracing, ctx)
@@ -177,18 +177,7 @@ def finish(state: RequestPathState, ctx: RequestContext) -> None:
     metrics.requests.inc((ctx.tenant_label, replica_name, ctx.endpoint, status))
     metrics.latency.observe((ctx.tenant_label, replica_name, status), elapsed)
     if state.settings.gateway.access_log:
-        access_log.info(
-            "request",
-            extra={
-                "fields": {
-                    "tenant": ctx.tenant.id if ctx.tenant else None,
-                    "endpoint": ctx.endpoint,
-                    "replica": replica_name,
-                    "status": ctx.status,
-                    "duration_ms": round(elapsed * 1000, 3),
-                }
-            },
-        )
+        access_log.write(access_log.request_record(ctx, elapsed, send))
 
 
 def deferred_spans(tracing, ctx: RequestContext) -> None:

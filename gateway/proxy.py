@@ -120,5 +120,5 @@ class CompletionEndpoint:
         finally:
             if ctx.watcher is not None and not ctx.watcher.done():
                 ctx.watcher.cancel()
-        finish(state, ctx)
+        finish(state, ctx, send)
         return ctx.status

@@ -75,6 +75,7 @@ class RequestContext:
     # "shutdown" at the drain deadline or "replica_wedged"; None: it did not.
     abort_reason: str | None = None
     aborted_replica: ReplicaState | None = None  # the wedged replica whose attempt was cancelled
+    stream_error: str | None = None  # the code of the SSE error event that ended the stream, if one did
     request_id: str = ""  # set by the endpoint; in error bodies, SSE error events and log lines, never replica details
 
     # -- trace marks (time.time_ns; only when traced) ---------------------

@@ -30,11 +30,12 @@ _WHOLE_BODY = b"\r\ncontent-length: "
 class ResponseWriter:
     """The transport as one response cycle sees it (write, close, is_closing)."""
 
-    __slots__ = ("_head", "transport")
+    __slots__ = ("_head", "sent", "transport")
 
     def __init__(self, transport: asyncio.Transport) -> None:
         self.transport = transport
         self._head: bytes | None = None  # None: no head held yet; bytes: held; b"": sent
+        self.sent = 0  # bytes written to the client (the access log's `bytes`)
 
     def write(self, data: bytes) -> None:
         head = self._head
@@ -47,10 +48,12 @@ class ResponseWriter:
         elif head:
             self._head = b""
             data = head + data
+        self.sent += len(data)
         self.transport.write(data)
 
     def flush(self) -> None:
         if self._head:
+            self.sent += len(self._head)
             self.transport.write(self._head)
             self._head = b""
 

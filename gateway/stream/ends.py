@@ -47,6 +47,7 @@ async def end_stream_with_error(ctx: RequestContext, send, message: str, code: s
     """In-band end of a stream whose headers are out: an SSE error event
     carrying the request id, `[DONE]`, end of body."""
     body = error_event(f"{message} (request id {ctx.request_id})", code) + wire.DONE
+    ctx.stream_error = code  # the access log's record of how the stream ended
     await send({"type": "http.response.body", "body": body, "more_body": True})
     await send({"type": "http.response.body", "body": b""})
 
