@@ -67,7 +67,7 @@ from contract.telemetry import RequestSpecStats, add_increments, record_incremen
 
 from .budget_guard import BudgetGuard, StoreDown
 from .local_budget import LocalBudget
-from .periodic import Loops, every
+from .periodic import Loops, every, log_failure
 
 log = logging.getLogger("specgate.gateway.accounting")
 
@@ -552,5 +552,5 @@ class Accounting:
         await self.guard.stop()
         try:
             await self.flush()
-        except Exception:
-            log.exception("final accounting flush failed")
+        except Exception as exc:
+            log_failure(log, "final accounting flush", exc)
