@@ -5,6 +5,7 @@ own thread and event loop), the documented fake OpenAI backend
 from __future__ import annotations
 
 import asyncio
+import socket
 import threading
 import time
 from dataclasses import dataclass
@@ -137,3 +138,15 @@ def backend_requests(backend: Backend) -> list[dict[str, Any]]:
 
 def run_async(coro):
     return asyncio.run(coro)
+
+
+def read_until_close(sock: socket.socket, timeout: float = 10.0) -> bytes:
+    """Everything a raw connection receives until the server closes it (or `timeout`)."""
+    sock.settimeout(timeout)
+    out = b""
+    try:
+        while chunk := sock.recv(65536):
+            out += chunk
+    except (ConnectionResetError, socket.timeout):
+        pass
+    return out

@@ -16,7 +16,7 @@ import threading
 import httpx
 import pytest
 
-from .conftest import KEYS, tenant, wait_for
+from .conftest import KEYS, read_until_close, tenant, wait_for
 
 
 class _Records(logging.Handler):
@@ -60,13 +60,7 @@ def _stream(url: str, **kw) -> tuple[httpx.Headers, int, list[dict | str]]:
 def _raw(port: int, data: bytes) -> bytes:
     with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
         sock.sendall(data)
-        out = b""
-        try:
-            while chunk := sock.recv(65536):
-                out += chunk
-        except (ConnectionResetError, socket.timeout):
-            pass
-    return out
+        return read_until_close(sock)
 
 
 def test_records_match_what_clients_saw(start_backend, start_gateway, access):

@@ -22,7 +22,7 @@ import yaml
 
 from testbed.procs import free_port
 
-from .conftest import KEYS, tenant, wait_for
+from .conftest import KEYS, read_until_close, tenant, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 SPECGATE = str(Path(sys.executable).with_name("specgate"))
@@ -31,18 +31,6 @@ AUTH = f"Authorization: Bearer {KEYS['alpha']}\r\n"
 
 def _connect(port: int) -> socket.socket:
     return socket.create_connection(("127.0.0.1", port), timeout=10)
-
-
-def _read_all(sock: socket.socket, timeout: float = 10.0) -> bytes:
-    """Everything until the server closes (or `timeout`)."""
-    sock.settimeout(timeout)
-    out = b""
-    try:
-        while chunk := sock.recv(65536):
-            out += chunk
-    except (ConnectionResetError, socket.timeout):
-        pass
-    return out
 
 
 @pytest.fixture
@@ -70,7 +58,7 @@ def test_48_mib_header_gets_431_while_others_are_served(gw):
             if select.select([sock], [], [], 0)[0]:  # answered: stop sending
                 break
         result["sent"] = sent
-        result["response"] = _read_all(sock)
+        result["response"] = read_until_close(sock)
         sock.close()
 
     t = threading.Thread(target=hostile)
@@ -98,7 +86,7 @@ def test_header_limit_is_exact_whether_headers_come_in_one_read_or_many(gw):
             for i in range(0, len(raw), step):
                 sock.sendall(raw[i : i + step])
                 time.sleep(0.01)
-            assert _read_all(sock).split(b" ")[1] == expect, (pad, pieces)
+            assert read_until_close(sock).split(b" ")[1] == expect, (pad, pieces)
             sock.close()
 
 
@@ -114,7 +102,7 @@ def test_trickling_headers_get_408_and_are_closed(gw):
         except (BrokenPipeError, ConnectionResetError):
             break
         if select.select([sock], [], [], 0.05)[0]:
-            response = _read_all(sock)
+            response = read_until_close(sock)
             break
     assert response.startswith(b"HTTP/1.1 408 "), response[:80]
     assert b"connection: close" in response.lower()
@@ -124,7 +112,7 @@ def test_trickling_headers_get_408_and_are_closed(gw):
 def test_a_connection_that_sends_nothing_is_closed_by_the_header_timeout(gw):
     gateway, _ = gw(header_timeout_s=0.3)
     sock = _connect(gateway.server.port)
-    assert _read_all(sock, timeout=5).startswith(b"HTTP/1.1 408 ")
+    assert read_until_close(sock, timeout=5).startswith(b"HTTP/1.1 408 ")
 
 
 def test_slow_body_gets_408(gw):
@@ -133,7 +121,7 @@ def test_slow_body_gets_408(gw):
     head = f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n{AUTH}Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
     sock = _connect(gateway.server.port)
     sock.sendall(head.encode() + body[:10])
-    response = _read_all(sock, timeout=10)
+    response = read_until_close(sock, timeout=10)
     assert response.startswith(b"HTTP/1.1 408 "), response[:80]
     assert json.loads(response.split(b"\r\n\r\n", 1)[1])["error"]["code"] == "request_timeout"
     sock.close()
@@ -162,7 +150,7 @@ def test_connections_beyond_the_cap_are_refused_and_slots_free_up(gw):
     deadline = time.monotonic() + 2.0
     while len(refused) < 150 and time.monotonic() < deadline:
         for s in select.select([s for s in socks if s not in refused], [], [], 0.1)[0]:
-            data = _read_all(s, timeout=2)
+            data = read_until_close(s, timeout=2)
             assert data.startswith(b"HTTP/1.1 503 ") and b"retry-after: 1" in data.lower(), data[:80]
             refused.add(s)
     assert len(refused) == 150
@@ -171,7 +159,7 @@ def test_connections_beyond_the_cap_are_refused_and_slots_free_up(gw):
     # closes, or after the server's short linger); then other clients are served again.
     for s in socks:
         if s not in refused:
-            assert _read_all(s, timeout=10).startswith(b"HTTP/1.1 408 ")
+            assert read_until_close(s, timeout=10).startswith(b"HTTP/1.1 408 ")
         s.close()
     assert wait_for(lambda: httpx.get(gateway.url + "/health", timeout=5).status_code == 200, timeout=5)
 
@@ -245,7 +233,7 @@ def test_at_the_cap_a_new_connection_takes_the_slot_of_the_longest_idle_one(gw):
         sock.sendall(b"GET /health HTTP/1.1\r\n")  # and never more
     assert wait_for(lambda: not gateway.server.server.server_state.idle, timeout=5)
     refused = _connect(port)
-    assert _read_all(refused, timeout=5).startswith(b"HTTP/1.1 503 ")
+    assert read_until_close(refused, timeout=5).startswith(b"HTTP/1.1 503 ")
     for sock in [*idle, newcomer, refused]:
         sock.close()
 
@@ -402,7 +390,7 @@ def test_workers_run_the_gateway_server_and_drain(tmp_path, start_backend, redis
     try:
         # The workers enforce the limits (their protocol is the gateway's).
         sock = _connect(port)
-        assert _read_all(sock, timeout=5).startswith(b"HTTP/1.1 408 ")
+        assert read_until_close(sock, timeout=5).startswith(b"HTTP/1.1 408 ")
         sock.close()
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=20) == 0
