@@ -20,15 +20,22 @@ _TYPES = {
     413: "invalid_request_error",
     429: "rate_limit_error",
     431: "invalid_request_error",
-    500: "internal_error",
-    502: "upstream_error",
-    503: "service_unavailable",
-    504: "timeout_error",
 }
+# OpenAI answers every 5xx with `server_error` (the SDK maps by status only,
+# but code reading `error.type` expects OpenAI's names, not ours).
+_SERVER_ERROR = "server_error"
+
+
+def error_type(status: int) -> str:
+    """OpenAI's `error.type` for an HTTP status: one table for the gateway's
+    own errors and the replicas' (`gateway.replica_errors`)."""
+    if status >= 500:
+        return _SERVER_ERROR
+    return _TYPES.get(status, "invalid_request_error")
 
 
 def error_payload(status: int, message: str, *, param: str | None = None, code: str | None = None) -> dict:
-    return {"error": {"message": message, "type": _TYPES.get(status, "api_error"), "param": param, "code": code}}
+    return {"error": {"message": message, "type": error_type(status), "param": param, "code": code}}
 
 
 def error_body(status: int, message: str, *, param: str | None = None, code: str | None = None) -> bytes:

@@ -25,7 +25,7 @@ class GatewayError(Exception):
         self.param = param
         self.code = code
         self.headers = headers or []
-        self.raw_body = raw_body  # a replica's own error body, relayed unchanged
+        self.raw_body = raw_body  # a replica's error body, already in OpenAI's shape (`replica_errors`)
 
     def body(self) -> bytes:
         if self.raw_body is not None:

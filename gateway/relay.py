@@ -21,6 +21,7 @@ from .capture import strip_token_ids, whole_body_ids
 from .deps import RequestPathState
 from .errors import GatewayError
 from .inflight import UpstreamAttempt, take_abort
+from .replica_errors import openai_error_body
 from .request_context import RequestContext
 from .stream.ends import RETRY_1, abort_error
 from .stream.relay import relay_stream
@@ -121,7 +122,7 @@ async def _attempts(state: RequestPathState, ctx: RequestContext, ranked: list, 
     if last_5xx is not None:
         status, data = last_5xx
         if data.startswith(b"{"):
-            raise GatewayError(status, "", raw_body=data)  # the replica's own OpenAI-shaped error
+            raise GatewayError(status, "", raw_body=openai_error_body(status, data))  # the replica's message, OpenAI's shape
         raise GatewayError(502, f"The model replica answered {status}.", code="upstream_error")
     if timed_out:
         raise GatewayError(504, "No replica answered in time; retry shortly.", code="upstream_timeout")
@@ -169,7 +170,9 @@ async def _send_whole(state: RequestPathState, ctx: RequestContext, resp, data: 
     replica = ctx.replica
     raw = data
     capture = ctx.capture
-    if capture is not None and strip_ids and resp.status == 200:
+    if resp.status >= 400:
+        data = openai_error_body(resp.status, raw)  # vLLM's error, in OpenAI's shape
+    elif capture is not None and strip_ids:
         data = strip_token_ids(raw)  # the ids were the gateway's: the client gets the body it would have had
     t_up = ctx.t_upstream
     t_done = _perf()

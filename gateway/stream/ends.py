@@ -40,7 +40,7 @@ def abort_error(reason: str) -> GatewayError:
 
 def error_event(message: str, code: str = "upstream_error") -> bytes:
     """The in-band error: an SSE event with an OpenAI-shaped error body."""
-    return wire.sse({"error": {"message": message, "type": "upstream_error", "param": None, "code": code}})
+    return wire.sse({"error": {"message": message, "type": "server_error", "param": None, "code": code}})
 
 
 async def end_stream_with_error(ctx: RequestContext, send, message: str, code: str) -> None:

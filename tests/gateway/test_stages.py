@@ -284,7 +284,9 @@ async def test_failover_outcomes_and_final_errors():
     state = make_state(upstream=FakeUpstream(FakeResponse(500, b"x"), FakeResponse(503, b'{"error": {}}')), max_attempts=2)
     with pytest.raises(GatewayError) as exc:
         await _relay(state, relay_ctx(state))
-    assert exc.value.status == 503 and exc.value.body() == b'{"error": {}}'  # the replica's own error, relayed
+    assert exc.value.status == 503 and orjson.loads(exc.value.body()) == {  # the replica's last error, in OpenAI's shape
+        "error": {"message": '{"error": {}}', "type": "server_error", "param": None, "code": None}
+    }
     # A timeout before the first byte fails over; only when every replica
     # timed out is it a 504, and no replica is tried twice after a timeout.
     state = make_state(upstream=FakeUpstream(UpstreamTimeout(), UpstreamTimeout()))
@@ -364,7 +366,7 @@ async def test_on_error_client_gone_unexpected_and_foreign_cancellation():
     assert await on_error(state, ctx, ClientGone(), sent) and ctx.status == 499 and not sent
     assert await on_error(state, ctx, KeyError("bug"), sent)
     assert ctx.status == 500 and sent[0]["status"] == 500
-    assert orjson.loads(sent[1]["body"])["error"]["type"] == "internal_error"
+    assert orjson.loads(sent[1]["body"])["error"]["type"] == "server_error"
     assert not await on_error(state, make_ctx(), asyncio.CancelledError(), sent)  # not the watcher's: re-raise
     assert not await on_error(state, make_ctx(), KeyboardInterrupt(), sent)
     assert state.accounting.calls == []
