@@ -26,6 +26,7 @@ from .asgi_io import read_body
 from .budget_guard import StoreDown
 from .deps import RequestPathState
 from .errors import GatewayError
+from .sampling import check_sampling
 from .ratelimit_headers import ratelimit_headers
 from .request_context import RequestContext
 from .routing import RouteRequest, affinity_key, rank_replicas
@@ -108,6 +109,7 @@ def parse_body(raw: bytes, kind: str) -> dict[str, Any]:
     so = body.get("stream_options")
     if so is not None and not isinstance(so, dict):
         raise GatewayError(400, "'stream_options' must be an object.", param="stream_options", code="invalid_value")
+    check_sampling(body, kind)
     return body
 
 

@@ -1,0 +1,103 @@
+"""Type and range checks for the OpenAI sampling fields, at parse time.
+
+A bad `temperature` or `max_tokens` should cost the client one 400 from the
+gateway, not routing, a budget admission and a replica slot before the engine
+rejects it. The ranges are the OpenAI API reference's; `n` is bounded by
+`MAX_N` (the gateway relays up to that many choices; more is a request no
+replica should be asked to fan out). Only the fields listed are checked;
+every other field passes through untouched. A plain table and `isinstance`
+checks: no model validation on the request path.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .errors import GatewayError
+
+MAX_N = 128  # choices per request; OpenAI's own bound for `n`
+MAX_STOP = 4  # stop sequences, as OpenAI
+MAX_TOP_LOGPROBS = 20  # as OpenAI
+
+
+def _number(lo: float, hi: float):
+    def check(v: Any) -> str | None:
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            return "must be a number"
+        if not lo <= v <= hi:
+            return f"must be between {lo:g} and {hi:g}"
+        return None
+
+    return check
+
+
+def _int(lo: int, hi: int | None = None):
+    def check(v: Any) -> str | None:
+        if isinstance(v, bool) or not isinstance(v, int):
+            return "must be an integer"
+        if v < lo:
+            return f"must be at least {lo}"
+        if hi is not None and v > hi:
+            return f"must be at most {hi}"
+        return None
+
+    return check
+
+
+def _any_int(v: Any) -> str | None:
+    return "must be an integer" if isinstance(v, bool) or not isinstance(v, int) else None
+
+
+def _bool(v: Any) -> str | None:
+    return None if isinstance(v, bool) else "must be a boolean"
+
+
+def _stop(v: Any) -> str | None:
+    if isinstance(v, str):
+        return None
+    if isinstance(v, list) and all(isinstance(s, str) for s in v):
+        return None if len(v) <= MAX_STOP else f"must have at most {MAX_STOP} sequences"
+    return "must be a string or an array of strings"
+
+
+# Generous upper bound for token counts where the model's own limit is the
+# replica's to judge: a JSON number past it (`1e12`) is no token count.
+_MAX_TOKENS = 2**31 - 1
+
+CHECKS = {
+    "temperature": _number(0, 2),
+    "top_p": _number(0, 1),
+    "presence_penalty": _number(-2, 2),
+    "frequency_penalty": _number(-2, 2),
+    "max_tokens": _int(1, _MAX_TOKENS),
+    "max_completion_tokens": _int(1, _MAX_TOKENS),
+    "n": _int(1, MAX_N),
+    "stream": _bool,
+    "stop": _stop,
+    "seed": _any_int,
+    "top_logprobs": _int(0, MAX_TOP_LOGPROBS),
+}
+# `logprobs` is a boolean on chat, an integer (0-5) on completions.
+_LOGPROBS = {"chat": _bool, "completions": _int(0, 5)}
+
+
+def check_sampling(body: dict[str, Any], kind: str) -> None:
+    """Raise the OpenAI 400 (`invalid_request_error`, `param` the field) for
+    the first listed field with a wrong type or range. `null` is the field
+    left unset, as OpenAI treats it."""
+    for key, value in body.items():
+        if value is None:
+            continue
+        check = CHECKS.get(key)
+        if check is None:
+            if key != "logprobs":
+                continue
+            check = _LOGPROBS["chat" if kind == "chat" else "completions"]
+        problem = check(value)
+        if problem is not None:
+            raise GatewayError(400, f"'{key}' {problem}; got {_show(value)}.", param=key, code="invalid_value")
+
+
+def _show(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
