@@ -30,18 +30,36 @@ def openai_error_body(status: int, data: bytes) -> bytes:
     if not isinstance(message, str) or not message:
         # No message field (a proxy's page, FastAPI's `detail`): its text is the message.
         message = data.decode("utf-8", "replace").strip() or f"The model replica answered {status}."
+    return orjson.dumps(_openai_error(status, message, err))
+
+
+def openai_error_event(obj: dict) -> bytes:
+    """An engine's in-stream error event (`{"error": {...}}`, parsed), as the
+    OpenAI-shaped SSE data line. The stream's HTTP status is long sent, so the
+    status is vLLM's numeric `code` where it gave one (a 500 otherwise)."""
+    inner = obj.get("error")
+    if isinstance(inner, dict) and "message" not in inner and isinstance(inner.get("error"), dict):
+        inner = inner["error"]  # the error response wrapped once more
+    err = inner if isinstance(inner, dict) else {"message": inner} if isinstance(inner, str) else {}
+    code = err.get("code")
+    status = code if type(code) is int and 400 <= code <= 599 else 500
+    message = err.get("message")
+    if not isinstance(message, str) or not message:
+        message = f"The model replica's stream failed ({status})."
+    return b"data: " + orjson.dumps(_openai_error(status, message, err))
+
+
+def _openai_error(status: int, message: str, err: dict) -> dict:
     param = err.get("param")
     code = err.get("code")
-    return orjson.dumps(
-        {
-            "error": {
-                "message": message[:_MAX_MESSAGE],
-                "type": error_type(status),
-                "param": param if isinstance(param, str) else None,
-                "code": code if isinstance(code, str) and code else None,
-            }
+    return {
+        "error": {
+            "message": message[:_MAX_MESSAGE],
+            "type": error_type(status),
+            "param": param if isinstance(param, str) else None,
+            "code": code if isinstance(code, str) and code else None,
         }
-    )
+    }
 
 
 def _replica_error(data: bytes) -> dict:

@@ -18,6 +18,7 @@ from typing import Any
 
 import orjson
 
+from ..replica_errors import openai_error_event
 from .ledger import StreamLedger
 from .sse import DATA, DONE_DATA, EVENT_END, EventBuffer, is_done, is_error, is_usage, payload
 
@@ -55,7 +56,7 @@ class StreamTap(_Tap):
         ready = self._buf.whole(data)
         if not ready:
             return b""
-        if b'"usage"' not in ready and DONE_DATA not in ready:
+        if b'"usage"' not in ready and DONE_DATA not in ready and b'{"error"' not in ready:
             self.events += ready.count(EVENT_END)
             return ready
         out = []
@@ -68,6 +69,10 @@ class StreamTap(_Tap):
             elif b'"usage"' in event and self._take_usage(event):
                 if self.strip_usage:
                     continue
+            elif event.startswith(b'data: {"error"'):
+                obj = payload(event)
+                if is_error(obj):
+                    event = openai_error_event(obj)  # the engine's error, in OpenAI's shape
             out.append(event)
             out.append(EVENT_END)
         return b"".join(out)
@@ -231,6 +236,7 @@ class LedgerTap(_Tap):
                 self.error = obj
                 if self.hold_errors:
                     return None
+                return openai_error_event(obj)  # relayed as the stream's last word, in OpenAI's shape
             elif is_usage(obj):
                 self.usage = obj["usage"]
                 if isinstance(obj.get("metrics"), dict):

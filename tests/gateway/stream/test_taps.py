@@ -222,5 +222,39 @@ def test_the_ledger_ends_where_a_held_engine_error_ended_the_stream(hold_errors)
     first, token, late = VLLM_COMPLETIONS[0] + b"\n\n", VLLM_COMPLETIONS[1] + b"\n\n", VLLM_COMPLETIONS[2] + b"\n\n"
     tap = LedgerTap(strip_usage=False, strip_ids=True, chat=False, ledger=StreamLedger(), hold_errors=hold_errors)
     out = tap.feed(first + token + error + late) + tap.feed(late)
-    assert tap.error is not None and (error in out) is not hold_errors
+    openai_error = b'data: {"error":{"message":"engine died","type":"server_error","param":null,"code":null}}\n\n'
+    assert tap.error is not None and (openai_error in out) is not hold_errors and error not in out
     assert tap.ledger_so_far().sent_ids == ([503, 598] if hold_errors else [503, 598, 228, 229, 228, 229])
+
+
+# An engine's in-stream error as vLLM writes it, in both layouts it has used.
+VLLM_STREAM_ERRORS = [
+    {"error": {"object": "error", "message": "engine overloaded", "type": "InternalServerError", "param": None, "code": 500}},
+    {"error": {"message": "bad logits", "type": "BadRequestError", "param": "logit_bias", "code": 400}},
+]
+OPENAI_STREAM_ERRORS = [
+    {"error": {"message": "engine overloaded", "type": "server_error", "param": None, "code": None}},
+    {"error": {"message": "bad logits", "type": "invalid_request_error", "param": "logit_bias", "code": None}},
+]
+
+
+@pytest.mark.parametrize("make_tap", [
+    lambda: taps.StreamTap(strip_usage=False),
+    lambda: LedgerTap(strip_usage=False, strip_ids=True, chat=True, ledger=StreamLedger(), hold_errors=False),
+], ids=["StreamTap", "LedgerTap-not-held"])
+@pytest.mark.parametrize("engine,expected", list(zip(VLLM_STREAM_ERRORS, OPENAI_STREAM_ERRORS)))
+def test_engine_error_event_relayed_in_openai_shape(make_tap, engine, expected):
+    tap = make_tap()
+    tok = {"id": "c1", "object": "chat.completion.chunk", "created": 5, "model": "m",
+           "choices": [{"index": 0, "delta": {"content": " hi"}, "logprobs": None, "finish_reason": None}]}
+    out = tap.feed(sse(tok)) + tap.feed(sse(engine) + b"data: [DONE]\n\n")
+    events = [e for e in out.split(b"\n\n") if e]
+    assert orjson.loads(events[0][6:]) == tok  # choice chunks untouched
+    assert orjson.loads(events[1][6:]) == expected
+    assert events[2] == b"data: [DONE]"
+
+
+def test_stream_tap_leaves_text_mentioning_error_alone():
+    tap = taps.StreamTap(strip_usage=False)
+    tok = {"id": "c1", "choices": [{"index": 0, "delta": {"content": '{"error": 1}'}}]}
+    assert tap.feed(sse(tok)) == sse(tok)
