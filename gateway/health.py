@@ -38,6 +38,7 @@ from contract.vllm_metrics import VllmMetricsSnapshot, fetch_metrics
 
 from .periodic import Loops, every
 from .replicas import Registry, ReplicaState
+from .sampling import context_lengths
 
 log = logging.getLogger("specgate.gateway.health")
 
@@ -75,6 +76,7 @@ async def check_replica(client: httpx.AsyncClient, replica: ReplicaState, settin
         cards = [c for c in data if isinstance(c, dict) and isinstance(c.get("id"), str) and c["id"]]
         replica.model_cards = cards
         replica.models = frozenset(c["id"] for c in cards)
+        replica.context_lengths = context_lengths(cards)
         ok = True
     except (httpx.HTTPError, RuntimeError, ValueError) as exc:
         error = f"{type(exc).__name__}: {exc}"[:300]

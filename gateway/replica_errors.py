@@ -16,6 +16,7 @@ from __future__ import annotations
 import orjson
 
 from contract.errors import error_type
+from contract.wire import DATA
 
 _MAX_MESSAGE = 4000  # a replica's message can echo a huge prompt back
 
@@ -46,7 +47,7 @@ def openai_error_event(obj: dict) -> bytes:
     message = err.get("message")
     if not isinstance(message, str) or not message:
         message = f"The model replica's stream failed ({status})."
-    return b"data: " + orjson.dumps(_openai_error(status, message, err))
+    return DATA + orjson.dumps(_openai_error(status, message, err))
 
 
 def _openai_error(status: int, message: str, err: dict) -> dict:

@@ -29,6 +29,9 @@ class ReplicaState:
     drafter: str | None = None
     models: frozenset[str] = frozenset()
     model_cards: list[dict[str, Any]] = field(default_factory=list)
+    # {model: its context length} as the replica's /v1/models card gives it
+    # (vLLM's `max_model_len`): what `max_tokens` can at most fill.
+    context_lengths: dict[str, int] = field(default_factory=dict)
     healthy: bool = False
     consecutive_ok: int = 0
     consecutive_fail: int = 0

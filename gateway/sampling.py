@@ -4,7 +4,9 @@ A bad `temperature` or `max_tokens` should cost the client one 400 from the
 gateway, not routing, a budget admission and a replica slot before the engine
 rejects it. The ranges are the OpenAI API reference's; `n` is bounded by
 `MAX_N` (the gateway relays up to that many choices; more is a request no
-replica should be asked to fan out). Only the fields listed are checked;
+replica should be asked to fan out). `max_tokens` is also held to the
+model's context length where the replicas' /v1/models cards give one
+(`check_fits_context`). Only the fields listed are checked;
 every other field passes through untouched. A plain table and `isinstance`
 checks: no model validation on the request path.
 """
@@ -101,3 +103,39 @@ def check_sampling(body: dict[str, Any], kind: str) -> None:
 def _show(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 40 else text[:37] + "..."
+
+
+_COMPLETION_LIMITS = ("max_tokens", "max_completion_tokens")
+
+
+def context_lengths(cards: list[dict[str, Any]]) -> dict[str, int]:
+    """{model id: context length} from a replica's /v1/models cards (vLLM's
+    `max_model_len`); cards without a usable one are left out."""
+    out = {}
+    for card in cards:
+        n = card.get("max_model_len")
+        if type(n) is int and n > 0:
+            out[card["id"]] = n
+    return out
+
+
+def check_fits_context(body: dict[str, Any], model: str, replicas: list) -> None:
+    """Raise the OpenAI 400 when `max_tokens` (or `max_completion_tokens`)
+    is greater than the model's context length, the bound vLLM itself
+    applies (`max_tokens=N cannot be greater than max_model_len=M`); a limit
+    up to it is served, clamped by the engine to what the prompt leaves. The
+    longest context over the replicas that serve the model counts (routing
+    may pick any of them); with no card giving a length, the replica judges,
+    as before."""
+    for key in _COMPLETION_LIMITS:
+        value = body.get(key)
+        if type(value) is not int:
+            continue
+        longest = max((r.context_lengths.get(model, 0) for r in replicas if r.serves(model)), default=0)
+        if longest and value > longest:
+            raise GatewayError(
+                400,
+                f"'{key}' cannot be greater than the model's context length of {longest} tokens; got {value}.",
+                param=key,
+                code="invalid_value",
+            )

@@ -26,7 +26,7 @@ from .asgi_io import read_body
 from .budget_guard import StoreDown
 from .deps import RequestPathState
 from .errors import GatewayError
-from .sampling import check_sampling
+from .sampling import check_fits_context, check_sampling
 from .ratelimit_headers import ratelimit_headers
 from .request_context import RequestContext
 from .routing import RouteRequest, affinity_key, rank_replicas
@@ -63,6 +63,7 @@ async def parse(state: RequestPathState, ctx: RequestContext, receive) -> None:
     replicas = ctx.replicas = state.replica_list
     if not any(r.healthy and r.serves(model) for r in replicas):
         raise model_unavailable(model, replicas, state.settings.gateway.health_interval_s)
+    check_fits_context(body, model, replicas)
 
 
 def model_unavailable(model: str, replicas: list, retry_s: float) -> GatewayError:

@@ -18,11 +18,12 @@ import orjson
 
 from contract.wire import DATA, DONE, EVENT_END
 
-__all__ = ["DATA", "DONE", "DONE_DATA", "EVENT_END", "EventBuffer", "data_of", "is_done", "is_error", "is_usage", "payload"]
+__all__ = ["DATA", "DONE", "DONE_DATA", "ERROR_DATA", "EVENT_END", "EventBuffer", "data_of", "is_done", "is_error", "is_usage", "payload"]
 
 DONE_DATA = b"[DONE]"  # the data of the stream's last event (`payload` answers it as bytes)
 _END_LEN = len(EVENT_END)
 _JSON_LINE = DATA + b"{"
+ERROR_DATA = DATA + b'{"error"'  # how an engine's in-stream error event starts
 _DATA_FIELD = DATA.rstrip()  # `data:`, the space after it optional
 _DONE_SPACED = DATA + DONE_DATA
 _DONE_UNSPACED = _DATA_FIELD + DONE_DATA

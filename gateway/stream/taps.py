@@ -20,7 +20,7 @@ import orjson
 
 from ..replica_errors import openai_error_event
 from .ledger import StreamLedger
-from .sse import DATA, DONE_DATA, EVENT_END, EventBuffer, is_done, is_error, is_usage, payload
+from .sse import DATA, DONE_DATA, ERROR_DATA, EVENT_END, EventBuffer, is_done, is_error, is_usage, payload
 
 _END_LEN = len(EVENT_END)
 
@@ -69,7 +69,7 @@ class StreamTap(_Tap):
             elif b'"usage"' in event and self._take_usage(event):
                 if self.strip_usage:
                     continue
-            elif event.startswith(b'data: {"error"'):
+            elif event.startswith(ERROR_DATA):
                 obj = payload(event)
                 if is_error(obj):
                     event = openai_error_event(obj)  # the engine's error, in OpenAI's shape

@@ -172,4 +172,7 @@ def test_ledger_tap_without_hold_forwards_an_engine_error_event_and_what_follows
     tap = LedgerTap(False, False, False, ledger, hold_errors=False)
     err = _sse(wire.error_body("engine failed", "InternalServerError", 500))
     out = tap.feed(_sse(wire.content_chunk("r", 1, "m", "a", chat=False, token_ids=[7])) + err + wire.DONE)
-    assert err in out and out.endswith(wire.DONE) and tap.error is not None and tap.saw_done
+    # The engine's event is relayed in OpenAI's shape (message kept, code a string or null).
+    relayed = _sse({"error": {"message": "engine failed", "type": "server_error", "param": None, "code": None}})
+    assert relayed in out and err not in out
+    assert out.endswith(wire.DONE) and tap.error is not None and tap.saw_done

@@ -6,9 +6,10 @@ bad request gets OpenAI's error shape (`type` a string such as
 `invalid_request_error`, `code` a string or null, never vLLM's
 `BadRequestError` / numeric code). The table says who judges each case:
 `gateway` for the sampling fields checked at parse time (`gateway.sampling`),
-`replica` for what only the engine can judge (the prompt against the context
-window, `max_tokens` past what is left of it, fields the gateway does not
-check); for those the replica's own message must survive the rewrite
+`max_tokens` past the model's context length (the same bound vLLM applies,
+read from the replica's /v1/models card), `replica` for what only the engine
+can judge (the prompt against the context window, fields the gateway does
+not check); for those the replica's own message must survive the rewrite
 (`gateway.replica_errors`), streaming requests included.
 """
 
@@ -42,7 +43,8 @@ CASES = [
     ("temperature 'hot'", {"temperature": "hot"}, "gateway", "temperature", None),
     ("prompt past the context", {"prompt": LONG_PROMPT, "max_tokens": 4}, "replica", None, "context"),
     ("prompt past the context, streamed", {"prompt": LONG_PROMPT, "max_tokens": 4, "stream": True}, "replica", None, "context"),
-    ("max_tokens past the context", {"max_tokens": 10_000_000}, "replica", None, "max"),
+    ("max_tokens past the context", {"max_tokens": 10_000_000}, "gateway", "max_tokens", None),
+    ("max_tokens one past the context", {"max_tokens": NGRAM_MAX_MODEL_LEN + 1}, "gateway", "max_tokens", None),
     ("repetition_penalty -1 (unchecked field)", {"repetition_penalty": -1}, "replica", None, "repetition_penalty"),
 ]
 

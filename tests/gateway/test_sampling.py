@@ -76,3 +76,48 @@ def test_edge_values_and_unknown_fields_pass_untouched(kind, extra):
     body = parse_body(_raw(kind, extra), kind)
     for k, v in extra.items():
         assert body[k] == v
+
+
+def _replica(name, cards, healthy=True):
+    from gateway.replicas import ReplicaState
+    from gateway.sampling import context_lengths
+
+    r = ReplicaState(name=name, url=f"http://{name}", profile=None, healthy=healthy)
+    r.model_cards = cards
+    r.models = frozenset(c["id"] for c in cards)
+    r.context_lengths = context_lengths(cards)
+    return r
+
+
+def test_context_lengths_keep_only_usable_cards():
+    from gateway.sampling import context_lengths
+
+    cards = [{"id": "a", "max_model_len": 4096}, {"id": "b"}, {"id": "c", "max_model_len": "8k"}, {"id": "d", "max_model_len": 0}]
+    assert context_lengths(cards) == {"a": 4096}
+
+
+@pytest.mark.parametrize("key", ["max_tokens", "max_completion_tokens"])
+def test_a_limit_past_the_longest_context_is_the_openai_400(key):
+    from gateway.sampling import check_fits_context
+
+    # Two replicas serve `m` with different contexts: the longer one counts
+    # (routing may pick it); a third serves another model with a longer one.
+    replicas = [
+        _replica("short", [{"id": "m", "max_model_len": 2048}]),
+        _replica("long", [{"id": "m", "max_model_len": 4096}], healthy=False),
+        _replica("other", [{"id": "x", "max_model_len": 100_000}]),
+    ]
+    check_fits_context({key: 4096}, "m", replicas)  # equal: vLLM serves it, clamped to what the prompt leaves
+    check_fits_context({key: None, "max_tokens": None}, "m", replicas)
+    with pytest.raises(GatewayError) as ei:
+        check_fits_context({key: 4097}, "m", replicas)
+    err = orjson.loads(ei.value.body())["error"]
+    assert ei.value.status == 400 and err["param"] == key and err["code"] == "invalid_value"
+    assert err["type"] == "invalid_request_error" and "4096" in err["message"] and "4097" in err["message"]
+
+
+def test_without_a_known_context_the_replica_judges():
+    from gateway.sampling import check_fits_context
+
+    check_fits_context({"max_tokens": 10**9}, "m", [_replica("r", [{"id": "m"}])])
+    check_fits_context({"max_tokens": 10**9}, "m", [])
