@@ -4,7 +4,9 @@ the client saw (issue 33 item 3).
 Why its own module: the record is built in two places that must agree on
 its fields -- the request path's outcome stage (`outcome.finish`) for every
 request the app handled, and the HTTP protocol layer (`http_limits`) for
-requests rejected before the app saw them (431, header timeout 408). The
+requests rejected before the app saw them (431, header timeout 408, the
+connection cap's 503, bytes that are not HTTP), and the completion endpoint
+for what it refuses at its door (405, the in-flight cap's 503). The
 decisions (which status the client saw, which replicas served it) are pure
 functions of what those layers recorded; the logger call is the only I/O.
 
@@ -16,7 +18,10 @@ body the server stopped waiting for, 499 for a client that left first),
 ended the stream, e.g. `shutting_down`, `upstream_error`; null when it
 ended with `[DONE]` alone), `error` (the code of a rejection by the server
 layer), `replicas` (the replicas that produced the response, in order, a
-continued stream's continuations included), `bytes` (bytes written to the
+continued stream's continuations included), `continuations` (every attempt
+to continue a broken stream: `{"replica", "outcome"}`, outcome `done`,
+`spliced` (sent tokens, then broke too), `failed` or `refused`; a failed
+continuation's replica shows here), `bytes` (bytes written to the
 client's connection, head included), `prompt_tokens`, `completion_tokens`,
 `duration_ms` (arrival to end).
 """
@@ -49,10 +54,23 @@ def client_status(status: int, response_started: bool, stream_error: str | None,
 
 
 def served_by(ctx: RequestContext) -> list[str]:
-    """The replicas whose output the client got, in order."""
+    """The replicas whose output the client got, in order: a continued
+    stream's parts; for one whose continuation failed, the first replica
+    and each continuation that sent bytes before it broke."""
     if ctx.parts:
         return [name for name, _ in ctx.parts]
-    return [] if ctx.replica is None else [ctx.replica.name]
+    first = [] if ctx.replica is None else [ctx.replica.name]
+    if ctx.continuations:
+        first += [name for name, outcome in ctx.continuations if outcome in _SENT]
+    return first
+
+
+_SENT = ("done", "spliced")  # continuation outcomes whose replica's tokens reached the client
+
+
+def continuations(ctx: RequestContext) -> list[dict[str, str]]:
+    """Each continuation attempt of a broken stream and how it ended."""
+    return [{"replica": name, "outcome": outcome} for name, outcome in ctx.continuations or ()]
 
 
 def request_record(ctx: RequestContext, elapsed_s: float, send: Any) -> dict[str, Any]:
@@ -61,7 +79,7 @@ def request_record(ctx: RequestContext, elapsed_s: float, send: Any) -> dict[str
     transport (`ResponseWriter`) the bytes written."""
     cycle = getattr(send, "__self__", None)
     answer = getattr(cycle, SERVER_ANSWER, None)
-    sent = answer[1] if answer else getattr(getattr(cycle, "transport", None), "sent", None)
+    sent = answer[1] if answer else bytes_sent(send)
     usage = ctx.usage or {}
     return {
         "request_id": ctx.request_id,
@@ -72,6 +90,7 @@ def request_record(ctx: RequestContext, elapsed_s: float, send: Any) -> dict[str
         "stream_error": ctx.stream_error,
         "error": None,
         "replicas": served_by(ctx),
+        "continuations": continuations(ctx),
         "bytes": sent,
         "prompt_tokens": usage.get("prompt_tokens"),
         "completion_tokens": usage.get("completion_tokens"),
@@ -79,17 +98,26 @@ def request_record(ctx: RequestContext, elapsed_s: float, send: Any) -> dict[str
     }
 
 
-def server_record(status: int, code: str, sent: int, elapsed_s: float) -> dict[str, Any]:
-    """The record of a request the server layer rejected before the app saw it."""
+def bytes_sent(send: Any) -> int | None:
+    """Bytes written so far to the connection of uvicorn's bound `cycle.send`
+    (its `ResponseWriter` counts them); None where it cannot be known."""
+    return getattr(getattr(getattr(send, "__self__", None), "transport", None), "sent", None)
+
+
+def server_record(status: int, code: str, sent: int | None, elapsed_s: float, endpoint: str | None = None) -> dict[str, Any]:
+    """The record of a request rejected before the request path ran: by the
+    server layer (`endpoint` None) or at the endpoint's door (wrong method,
+    the instance at its in-flight cap)."""
     return {
         "request_id": None,
         "tenant": None,
-        "endpoint": None,
+        "endpoint": endpoint,
         "status": status,
         "stream": False,
         "stream_error": None,
         "error": code,
         "replicas": [],
+        "continuations": [],
         "bytes": sent,
         "prompt_tokens": None,
         "completion_tokens": None,

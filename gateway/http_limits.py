@@ -64,6 +64,7 @@ class ConnectionLimits:
     header_timeout: bytes = field(init=False, repr=False)
     body_timeout: bytes = field(init=False, repr=False)
     over_capacity: bytes = field(init=False, repr=False)
+    bad_request: bytes = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         put = object.__setattr__
@@ -71,6 +72,7 @@ class ConnectionLimits:
         put(self, "header_timeout", _response(408, f"Request headers not received within {self.header_timeout_s:g} s.", "request_timeout"))
         put(self, "body_timeout", _response(408, f"Request body not received within {self.body_timeout_s:g} s.", "request_timeout"))
         put(self, "over_capacity", _response(503, "Too many open connections to this instance; retry shortly.", "server_busy", b"retry-after: 1\r\n"))
+        put(self, "bad_request", _response(400, "Invalid HTTP request received.", "invalid_http_request"))
 
     @classmethod
     def from_settings(cls, gateway) -> "ConnectionLimits":
@@ -123,6 +125,8 @@ class GatewayHttpProtocol(HttpToolsProtocol):
             self._dropping = True
             transport.write(self.limits.over_capacity)
             transport.close()
+            if self.limits.access_log:
+                access_log.write(access_log.server_record(503, "server_busy", len(self.limits.over_capacity), 0.0))
             return
         super().connection_made(transport)
         self._t_request = self.loop.time()
@@ -187,6 +191,16 @@ class GatewayHttpProtocol(HttpToolsProtocol):
                 self._timer = self.loop.call_later(self.limits.header_timeout_s, self._on_header_timeout)
         elif self._in_body and self._timer is None:
             self._timer = self.loop.call_later(self.limits.body_timeout_s, self._on_body_timeout)
+
+    def send_400_response(self, msg: str) -> None:
+        """uvicorn's answer to bytes that are not HTTP (or a header it
+        refuses), in OpenAI's error shape like every other error of the
+        gateway's, and logged: uvicorn would send plain text and log
+        nothing to the access log. Goes through `_reject`, so the answer is
+        not lost to a reset either."""
+        # Broken inside a body (bad chunked framing): the app is reading this
+        # request, so it is `current` (the app logs it under our 400).
+        self._reject(self.limits.bad_request, current=self._in_body, status=400, code="invalid_http_request")
 
     # Parser callbacks -----------------------------------------------------
     def on_message_begin(self) -> None:

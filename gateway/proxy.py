@@ -28,6 +28,7 @@ import asyncio
 import random
 import time
 
+from . import access_log
 from .asgi_io import send_error, watch_disconnect
 from .deps import RequestPathState
 from .errors import GatewayError
@@ -59,6 +60,7 @@ class CompletionEndpoint:
         state = self.state
         if scope["method"] != "POST":
             await send_error(send, GatewayError(405, f"Method {scope['method']} not allowed; use POST."))
+            self._log_refusal(send, t0, 405, "method_not_allowed")
             return
         inflight = state.inflight_requests
         if len(inflight) >= inflight.limit or state.draining_closed:
@@ -69,6 +71,7 @@ class CompletionEndpoint:
                 GatewayError(503, "The gateway is at capacity; retry shortly.", code="overloaded", headers=[(b"retry-after", b"1")]),
             )
             state.metrics.overloaded.inc()
+            self._log_refusal(send, t0, 503, "overloaded")
             return
         ctx = RequestContext(t0, self.endpoint_label, self.path)
         ctx.request_id = f"{_request_bits(64):016x}"
@@ -103,6 +106,12 @@ class CompletionEndpoint:
                 root.end()
         finally:
             del inflight[task]
+
+    def _log_refusal(self, send, t0: float, status: int, code: str) -> None:
+        """The access-log record of a request refused at the door, before it
+        has a context (`outcome.finish` writes every other one)."""
+        if self.state.settings.gateway.access_log:
+            access_log.write(access_log.server_record(status, code, access_log.bytes_sent(send), _perf() - t0, self.endpoint_label))
 
     async def _handle(self, ctx: RequestContext, receive, send) -> int:
         state = self.state

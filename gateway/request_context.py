@@ -68,6 +68,9 @@ class RequestContext:
     # A continued stream (gateway.stream.splice): (replica, its part's stats) per
     # replica that produced part of it; None: one replica produced it all.
     parts: list[tuple[str, RequestSpecStats]] | None = None
+    # Every continuation attempt of a broken stream, in order: (replica, "done" |
+    # "spliced" (sent bytes, then broke) | "failed" | "refused"); None: none made.
+    continuations: list[tuple[str, str]] | None = None
     watcher: asyncio.Future | None = None  # cancels the request when the client disconnects
     response_started: bool = False  # http.response.start was sent: errors from here on go in-band
     response_headers: list[tuple[bytes, bytes]] | None = None  # added to the response (x-ratelimit-*), set by admit

@@ -68,6 +68,9 @@ async def continue_stream(state: RequestPathState, ctx: RequestContext, req: Con
                 if not take_abort(ctx, "replica_wedged"):
                     raise
                 outcome = "broken"
+        if ctx.continuations is None:
+            ctx.continuations = []
+        ctx.continuations.append((replica.name, outcome))
         if outcome == "done":
             replica.breaker.on_success()
             return True

@@ -3,8 +3,10 @@ probe case a real gateway (its production server, on loopback) gets the
 request from a real client, and the one access-log record it writes is
 compared with the status line, the stream's end and the replicas the client
 observed. Cases: 200, streamed 200, gateway 400, 401, 429, slow body 408,
-oversized header 431, header timeout 408, a stream continued on another
-replica, a stream ended by the drain."""
+oversized header 431, header timeout 408, bytes that are not HTTP (400),
+a wrong method (405), the in-flight and connection caps (503), a stream
+continued on another replica, one whose continuation failed, a stream
+ended by the drain."""
 
 from __future__ import annotations
 
@@ -111,6 +113,70 @@ def test_records_match_what_clients_saw(start_backend, start_gateway, access):
     rec = access.one(status=408, endpoint=None)
     assert rec["error"] == "request_timeout" and rec["duration_ms"] >= 450
 
+    seen = _raw(port, b"NOT HTTP AT ALL\r\n\r\n")  # not HTTP: the server's 400, in OpenAI's shape
+    head, _, body = seen.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400 ") and b"application/json" in head
+    assert json.loads(body)["error"]["type"] == "invalid_request_error"
+    rec = access.one(status=400, endpoint=None)
+    assert (rec["error"], rec["bytes"]) == ("invalid_http_request", len(seen))
+
+    r = httpx.get(url + "/v1/chat/completions", headers={"authorization": f"Bearer {KEYS['alpha']}"}, timeout=30)  # 405
+    rec = access.one(status=405)
+    assert (r.status_code, rec["endpoint"], rec["error"], rec["bytes"]) == (405, "chat", "method_not_allowed", rec["bytes"])
+    assert rec["bytes"] > len(r.content)
+
+
+def test_refusals_at_the_caps_are_logged_as_sent(start_backend, start_gateway, access):
+    """The connection cap's 503 (server layer) and the in-flight cap's 503
+    (the endpoint's door) each get the record of what the client saw."""
+    backend = start_backend(name="r1")
+    backend.fake.control["chunk_delay_s"] = 0.2
+    gw = start_gateway([{"url": backend.url, "name": "r1"}], access_log=True, max_connections=2, max_inflight_requests=1)
+    url, port = gw.url, gw.server.port
+    got: dict = {}
+    first = threading.Event()
+
+    def consume() -> None:  # holds the one in-flight slot (and one connection) for ~4 s
+        with httpx.stream("POST", timeout=30, **_chat(url, stream=True, max_tokens=20)) as r:
+            for line in r.iter_lines():
+                first.set()
+            got["status"] = r.status_code
+
+    reader = threading.Thread(target=consume)
+    reader.start()
+    try:
+        assert first.wait(10)
+        r = httpx.post(timeout=30, **_chat(url))  # the second connection, over the in-flight cap
+        assert r.status_code == 503 and r.json()["error"]["code"] == "overloaded"
+        rec = access.one(status=503, error="overloaded")
+        assert (rec["endpoint"], rec["replicas"]) == ("chat", []) and rec["bytes"] > len(r.content)
+        connections = gw.server.server.server_state.connections
+        wait_for(lambda: len(connections) == 1, timeout=10)  # the 503's connection is closed: only the stream's is left
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as held:
+            held.sendall(b"GET /health HTTP/1.1\r\n")  # the second connection, busy reading headers
+            wait_for(lambda: len(connections) == 2, timeout=10)
+            seen = _raw(port, b"")  # a third: over the connection cap
+        assert seen.startswith(b"HTTP/1.1 503 ")
+        rec = access.one(status=503, error="server_busy")
+        assert (rec["endpoint"], rec["bytes"]) == (None, len(seen))
+    finally:
+        reader.join(timeout=15)
+    assert got["status"] == 200
+
+
+def test_a_failed_continuation_names_its_replica(start_backend, start_gateway, access):
+    a = start_backend(name="a")
+    b = start_backend(name="b")
+    gw = start_gateway([{"url": a.url, "name": "a"}, {"url": b.url, "name": "b"}], access_log=True, max_continuations=1)
+    a.fake.control["die_after_chunks"] = 4  # the stream's replica dies mid-stream ...
+    b.fake.control.update(fail_next=1, fail_status=500)  # ... and the continuation's answers 500
+    headers, status, events = _stream(gw.url, max_tokens=8)
+    errors = [e["error"] for e in events if isinstance(e, dict) and "error" in e]
+    assert status == 200 and len(errors) == 1
+    rec = access.one(request_id=headers["x-request-id"])
+    assert (rec["status"], rec["stream_error"], rec["replicas"]) == (200, errors[0]["code"], ["a"])
+    assert rec["continuations"] == [{"replica": "b", "outcome": "failed"}]
+
 
 def test_a_continued_stream_is_logged_under_every_replica(start_backend, start_gateway, access):
     a = start_backend(name="a")
@@ -121,6 +187,7 @@ def test_a_continued_stream_is_logged_under_every_replica(start_backend, start_g
     assert status == 200 and events[-1] == "[DONE]" and not any("error" in e for e in events if isinstance(e, dict))
     rec = access.one(request_id=headers["x-request-id"])
     assert (rec["status"], rec["stream_error"], rec["replicas"]) == (200, None, ["a", "b"])
+    assert rec["continuations"] == [{"replica": "b", "outcome": "done"}]
 
 
 def test_a_stream_ended_by_the_drain_is_a_200_with_its_error_event(start_backend, start_gateway, access):
