@@ -59,7 +59,7 @@ class CompletionEndpoint:
         t0 = _perf()
         state = self.state
         if scope["method"] != "POST":
-            await send_error(send, GatewayError(405, f"Method {scope['method']} not allowed; use POST."))
+            await send_error(send, GatewayError(405, f"Method {scope['method']} not allowed; use POST.", code="method_not_allowed"))
             self._log_refusal(send, t0, 405, "method_not_allowed")
             return
         inflight = state.inflight_requests
