@@ -91,6 +91,16 @@ COUNTER_FIELDS = (
     "probed_plain_tokens",  # under a probe: the same for requests not allowed to draft
     "probed_plain_seconds",
 )
+def acceptance_length(accepted: float, spec_steps: float) -> float | None:
+    """A tenant's acceptance length: tokens per verification step, 1 +
+    accepted draft tokens / speculation steps (None without a step). The one
+    definition behind the gateway's `specgate_tenant_acceptance_length` and
+    the controller's `specgate_controller_tenant_acceptance_length`, which
+    apply it to the same per-response counters decayed with the same
+    half-life (`controller.half_life_s`), so an operator reads one number."""
+    return 1.0 + accepted / spec_steps if spec_steps > 0 else None
+
+
 # Draft positions with survival counters (`survival_reach_{i}`, `survival_accepted_{i}`, i = 1..this).
 SURVIVAL_POSITIONS = 16
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, fields
 
-from contract.telemetry import SURVIVAL_ACCEPTED, SURVIVAL_POSITIONS, SURVIVAL_REACH
+from contract.telemetry import SURVIVAL_ACCEPTED, SURVIVAL_POSITIONS, SURVIVAL_REACH, acceptance_length
 
 from .acceptance_fit import (
     ACCEPTANCE_PRIOR,
@@ -383,7 +383,8 @@ class TenantEstimator:
                 total = sum(s.by_replica.values())
                 shares = {r: v / total for r, v in s.by_replica.items() if total > 0}
             out.append(TenantView(t, a, n, tpot_targets.get(t), shares, self.method_acceptance(t), self.method_proposal(t),
-                                  self.measured_gain(t), s.steps if s else 0.0))
+                                  self.measured_gain(t), s.steps if s else 0.0,
+                                  acceptance_length(s.accepted, s.steps) if s else None))
         return out
 
     def replica_mix(self) -> dict[str, dict[str, float]]:

@@ -64,9 +64,15 @@ class ControllerMetrics:
     def _tenants(self, r: CollectorRegistry) -> None:
         self.acceptance = Gauge(
             "specgate_controller_tenant_acceptance",
-            "Estimated conditional per-position acceptance (top-N tenants)",
+            "The model's conditional per-position acceptance a (shrunk toward the method's prior; top-N tenants)",
             ["tenant"],
             registry=r,
+        )
+        self.acceptance_length = Gauge(
+            "specgate_controller_tenant_acceptance_length",
+            "Measured acceptance length (tokens per verification step) of the tenant's responses across the fleet, "
+            "decayed with controller.half_life_s: the gateways' specgate_tenant_acceptance_length over all of them (top-N tenants)",
+            ["tenant"], registry=r,
         )
         self.measured_gain = Gauge(
             "specgate_controller_tenant_measured_gain",
@@ -148,7 +154,7 @@ class ControllerMetrics:
             self.decisions.labels(outcome).inc()
         top = set(sorted(traffic, key=lambda t: -traffic[t])[: self.top_n]) | {"*"}
         for gauge in (self.enabled, self.max_draft, self.max_batch, self.schedule, self.min_conf, self.acceptance,
-                      self.measured_gain, self.predicted_gain):
+                      self.acceptance_length, self.measured_gain, self.predicted_gain):
             gauge.clear()
         for rec in decision.records:
             if rec.tenant not in top:
@@ -161,6 +167,8 @@ class ControllerMetrics:
             for max_batch, draft in p.schedule or ():
                 self.schedule.labels(rec.tenant, str(max_batch)).set(draft)
             self.acceptance.labels(rec.tenant).set(rec.numbers.get("acceptance") or 0.0)
+            if rec.numbers.get("acceptance_length") is not None:
+                self.acceptance_length.labels(rec.tenant).set(rec.numbers["acceptance_length"])
             gain = rec.numbers.get("measured_gain")
             if gain:
                 self.measured_gain.labels(rec.tenant).set(gain["measured"])

@@ -182,19 +182,29 @@ class TenantSample:
 
 
 class TelemetryDeltaTracker:
-    """Differentiates the gateway's per-(tenant, replica) counters."""
+    """Differentiates the gateway's per-(tenant, replica) counters.
+
+    The first read is the baseline: what the counters hold then is history
+    from before this controller (or before it led). A series that appears
+    after it is new since the previous read and counts whole: taking it as a
+    baseline too lost every tenant's first flush on every replica, all of
+    the evidence of a tenant that sends a few requests."""
 
     def __init__(self) -> None:
         self._last: dict[tuple[str, str], dict[str, float]] = {}
+        self._primed = False
 
     def update(self, counters: list[TelemetryCounters]) -> list[TenantSample]:
         out: list[TenantSample] = []
+        primed, self._primed = self._primed, True
         for c in counters:
             key = (c.tenant, c.replica)
             prev = self._last.get(key)
             self._last[key] = dict(c.values)
             if prev is None:
-                continue
+                if not primed:
+                    continue
+                prev = {}
             reset = any(c.get(f) < prev.get(f, 0.0) for f in COUNTER_FIELDS)
             deltas = {
                 f: (c.get(f) if reset else counter_delta(prev.get(f, 0.0), c.get(f))) for f in COUNTER_FIELDS

@@ -49,7 +49,7 @@ class GatewayState:
         self.store: Store | None = store
         self.registry = Registry.from_settings(settings)
         self.tenants = TenantDirectory(settings)
-        self.metrics = GatewayMetrics(settings.gateway.metrics_top_tenants, settings.gateway.metrics_tenant_labels)
+        self.metrics = GatewayMetrics(settings.gateway.metrics_top_tenants, settings.gateway.metrics_tenant_labels, settings.controller.half_life_s)
         self.tracing = Tracing(settings.gateway.tracing)
         self.policy_view = PolicyView({t.id: t.speculation for t in settings.tenants if t.speculation is not None})
         self.session_header = settings.gateway.session_header.lower().encode()

@@ -25,15 +25,18 @@ import time
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from contract.telemetry import acceptance_length
+
 from .hot_metrics import HotCounter, HotHistogram
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 _OVERHEAD_BUCKETS = (0.0001, 0.00025, 0.0005, 0.00075, 0.001, 0.0015, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1)
 _SPLICE_BUCKETS = (0.005, 0.01, 0.02, 0.035, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1, 1.5, 2.5, 5, 10)
 _AL_BUCKETS = (1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 3.5, 4.0, 5.0, 6.0, 8.0, 12.0, 17.0)
-# Half-life of the per-tenant acceptance-length gauge: long enough to smooth
-# single requests, short enough to follow a controller switch within minutes.
-ACCEPTANCE_HALF_LIFE_S = 60.0
+# Default half-life of the per-tenant acceptance-length gauge; the app passes
+# `controller.half_life_s`, the controller's own acceptance window, so the
+# gauge and the controller's estimate are one number.
+ACCEPTANCE_HALF_LIFE_S = 300.0
 
 
 class DecayedAcceptance:
@@ -58,18 +61,18 @@ class DecayedAcceptance:
         s[2] = now
 
     def value(self, tenant: str) -> float | None:
-        """1 + accepted/steps (tokens per verification step), None before any speculative response."""
+        """`contract.telemetry.acceptance_length` of the decayed sums, None before any speculative response."""
         s = self._sums.get(tenant)
-        return 1.0 + s[0] / s[1] if s and s[1] > 0 else None
+        return acceptance_length(s[0], s[1]) if s else None
 
 
 class GatewayMetrics:
-    def __init__(self, top_n: int = 20, tenant_labels: bool = True) -> None:
+    def __init__(self, top_n: int = 20, tenant_labels: bool = True, acceptance_half_life_s: float = ACCEPTANCE_HALF_LIFE_S) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self.top_n = top_n if tenant_labels else 0  # 0: every tenant is `other`
         self._tenants: set[str] = set()
         self._children: dict[tuple, object] = {}
-        self.recent_acceptance = DecayedAcceptance()
+        self.recent_acceptance = DecayedAcceptance(acceptance_half_life_s)
         r = self.registry
         # Registered in this order (the order /metrics and docs/operations.md list them).
         self._per_request(r)
@@ -175,8 +178,9 @@ class GatewayMetrics:
         )
         self.tenant_acceptance_length = Gauge(
             "specgate_tenant_acceptance_length",
-            "Acceptance length (tokens per verification step) of the tenant's recent responses, from their "
-            "metrics.speculative_decoding (decayed, half-life 60 s); absent before the first speculative response",
+            "Acceptance length (tokens per verification step) of the tenant's recent responses on this gateway, from "
+            "their metrics.speculative_decoding, decayed with controller.half_life_s (the controller's "
+            "specgate_controller_tenant_acceptance_length over the same window); absent before the first speculative response",
             ["tenant"], registry=r,
         )
 

@@ -116,6 +116,7 @@ def record(
         "theta": theta,
         "theta_star": theta_star or None,  # the floor's marginal-cost value, published only when it pays
         "acceptance": round(view.acceptance, 4),
+        "acceptance_length": round(view.acceptance_length, 4) if view.acceptance_length is not None else None,
         "evidence_steps": round(view.evidence_steps, 1),
         # Per method: the measured share of decode steps with a proposal and the share of the
         # allowance proposed (methods that may not propose: ngram), and the measured survival per

@@ -109,6 +109,9 @@ class TenantView:
     # Speculation steps (decayed) behind `acceptance`: how far the estimate still leans on the
     # method's prior; a tenant that does not draft explores while they are few (decision/probe.py).
     acceptance_steps: float = 0.0
+    # `contract.telemetry.acceptance_length` of the tenant's decayed sums: the measured tokens per
+    # verification step, the same number as the gateways' gauge (None before a speculative response).
+    acceptance_length: float | None = None
 
 
 @dataclass(frozen=True)

@@ -109,3 +109,19 @@ async def test_telemetry_deltas_from_redis(redis_store):
     await record_request(redis_store, "t1", "r1", stats)
     (d,) = tr.update(await read_all(redis_store))
     assert d.get("requests") == 1 and d.get("num_spec_steps") == 8
+    # A series that first appears after the baseline is new since the last read: it counts whole.
+    await record_request(redis_store, "t2", "r1", stats)
+    (d,) = tr.update(await read_all(redis_store))
+    assert (d.tenant, d.get("requests"), d.get("num_accepted_draft_tokens")) == ("t2", 1, 12)
+
+
+async def test_the_first_read_is_the_baseline_even_when_empty(redis_store):
+    """History before the controller's first read is not counted; a tenant
+    whose first requests come after it is (its first flush was lost)."""
+    tr = TelemetryDeltaTracker()
+    assert tr.update(await read_all(redis_store)) == []  # nothing yet: the baseline is empty
+    stats = RequestSpecStats(prompt_tokens=10, completion_tokens=20, num_spec_steps=8, num_draft_tokens=32,
+                             num_accepted_draft_tokens=12)
+    await record_request(redis_store, "new", "r1", stats)
+    (d,) = tr.update(await read_all(redis_store))
+    assert (d.tenant, d.get("requests"), d.get("num_spec_steps")) == ("new", 1, 8)

@@ -4,6 +4,8 @@ with the controller reading the gateway's scrapes instead of its own."""
 
 from __future__ import annotations
 
+import asyncio
+
 import httpx
 
 from contract.settings import Settings
@@ -74,3 +76,46 @@ async def test_embedded_mode_puts_per_tenant_speculation_state_on_the_gateways_m
             cap = 0 if not policy.enabled else (-1 if policy.max_draft is None else policy.max_draft)
             assert values[("specgate_tenant_speculation_max_draft", "anonymous")] == cap
             assert values[("specgate_tenant_acceptance_length", "anonymous")] > 1.0
+
+
+async def test_the_gateways_acceptance_gauge_and_the_controllers_estimate_are_one_number():
+    """Issue 30 item 3: the acceptance length an operator reads on the
+    gateway (`specgate_tenant_acceptance_length`) and the controller's
+    (`specgate_controller_tenant_acceptance_length`, the number its decision
+    records carry) come from one definition over the same responses and the
+    same half-life: with one gateway they agree once the telemetry is in."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    def tenant_gauge(text: str, name: str) -> float | None:
+        for fam in text_string_to_metric_families(text):
+            for s in fam.samples:
+                if s.name == name and s.labels.get("tenant") == "anonymous":
+                    return s.value
+        return None
+
+    async with sim_replica("dspark-b8", "sim-o") as url:
+        app = create_node_app(_settings("sim-o", url), controller=True)
+        async with serve(app) as gw:
+            state = app.state.gateway
+            await wait_for(lambda: state.policies.version > 0, 10, what="embedded controller to publish")
+            async with httpx.AsyncClient(base_url=gw, timeout=30, headers={"Authorization": f"Bearer {ADMIN_KEY}"}) as http:
+                for workload in ("code", "chat", "code", "chat"):  # two acceptance levels: the mean is not either's
+                    r = await http.post("/v1/chat/completions", json={
+                        "model": "Qwen/Qwen3-8B", "messages": [{"role": "user", "content": f"[workload={workload}] hi"}],
+                        "max_tokens": 48})
+                    assert r.status_code == 200, r.text
+                seen: dict[str, float | None] = {}
+
+                async def agree() -> bool:
+                    seen["gateway"] = tenant_gauge((await http.get("/metrics")).text, "specgate_tenant_acceptance_length")
+                    seen["controller"] = tenant_gauge((await http.get("/admin/controller/metrics")).text,
+                                                      "specgate_controller_tenant_acceptance_length")
+                    return None not in seen.values() and abs(seen["gateway"] - seen["controller"]) <= 0.01 * seen["gateway"]
+
+                for _ in range(100):  # the next ticks fold the flushed telemetry in
+                    if await agree():
+                        break
+                    await asyncio.sleep(0.1)
+                ctl = app.state.admin.controller.core.tenants.sums.get("anonymous")
+                assert await agree(), (seen, state.metrics.recent_acceptance._sums, ctl and (ctl.accepted, ctl.steps))
+                assert seen["gateway"] > 1.0
