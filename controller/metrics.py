@@ -7,12 +7,15 @@ tenants does not explode the scrape.
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from contract.knobs import MAX_BATCH_KEY
 from contract.policy import SpeculationPolicy
 
 from .decision import Decision
+
+# A tick is 1 s by default: a decision past a tenth of it is worth seeing.
+_DECIDE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
 
 def stop_batch(policy: SpeculationPolicy) -> int:
@@ -38,6 +41,15 @@ class ControllerMetrics:
             "specgate_controller_policy_changes", "Published per-tenant policy changes", ["tenant"], registry=r
         )
         self.publishes = Counter("specgate_controller_publishes", "Policy versions published", registry=r)
+        self.decide_seconds = Histogram(
+            "specgate_controller_decide_seconds", "Wall time of one tick's decision (ControlCore.decide, in a worker thread)",
+            buckets=_DECIDE_BUCKETS, registry=r,
+        )
+        self.decide_cpu = Counter(
+            "specgate_controller_decide_cpu_seconds",
+            "CPU time the decisions took (their thread's): what an embedded controller takes from the cores it shares",
+            registry=r,
+        )
         self.leader = Gauge("specgate_controller_is_leader", "1 when this instance holds the leader lock", registry=r)
         self.paused = Gauge("specgate_controller_paused", "1 when paused by an admin", registry=r)
         self.policy_version = Gauge("specgate_controller_policy_version", "Last published policy version", registry=r)

@@ -126,6 +126,16 @@ class Controller:
         self.core.seed(current.policies, time.monotonic())
 
     # -- one tick -----------------------------------------------------
+    def _decide(self, now: float, overrides, carried) -> Decision:
+        """`ControlCore.decide`, timed: wall and this thread's CPU, because an
+        embedded controller shares its cores with the gateway (and, on a
+        small bed, with the engines)."""
+        t0, c0 = time.perf_counter(), time.thread_time()
+        decision = self.core.decide(now, overrides, None, carried)
+        self.metrics.decide_seconds.observe(time.perf_counter() - t0)
+        self.metrics.decide_cpu.inc(time.thread_time() - c0)
+        return decision
+
     async def tick(self) -> Decision | None:
         if not await self._lead():
             return None
@@ -160,7 +170,7 @@ class Controller:
         # tenants): in a worker thread, so an embedding gateway's event loop
         # keeps serving requests meanwhile. Nothing else touches the core
         # during a tick.
-        decision = await asyncio.to_thread(self.core.decide, now, overrides, None, carried)
+        decision = await asyncio.to_thread(self._decide, now, overrides, carried)
         # The lock was renewed at the start of the tick; scraping and deciding
         # take time, so confirm leadership again before writing anything, or a
         # standby that took over meanwhile and this instance would both publish.

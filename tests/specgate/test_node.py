@@ -37,6 +37,9 @@ async def test_embedded_controller_starts_and_stops_with_the_lifespan_and_publis
             async with httpx.AsyncClient(base_url=gw, headers={"Authorization": f"Bearer {ADMIN_KEY}"}) as http:
                 text = (await http.get("/admin/controller/metrics")).text
                 assert "specgate_controller_is_leader 1.0" in text
+                # Each tick's decision is timed, wall and CPU (what it takes from shared cores).
+                assert "specgate_controller_decide_seconds_count 0.0" not in text
+                assert "specgate_controller_decide_seconds_count" in text and "specgate_controller_decide_cpu_seconds_total" in text
                 status = (await http.get("/admin/controller")).json()
                 assert status["leader"] == "embedded"
         assert not controller.is_leader
