@@ -4,7 +4,6 @@ counters read back by the snapshot parser the gateway and controller use."""
 
 from __future__ import annotations
 
-import time
 from types import SimpleNamespace
 
 import pytest
@@ -46,7 +45,16 @@ def test_the_table_sums_per_cell():
     assert rows == [[1, 1, 0, 1.0, 0.002, 1.0, 1.0, 0.0], [4, 16, 1, 2.0, pytest.approx(0.024), 7.0, 28.0, 20.0]]
 
 
-def test_the_scheduler_times_each_step_from_schedule_to_update():
+def test_the_scheduler_times_each_step_from_schedule_to_update(monkeypatch):
+    # The wrappers read the step_timing module's clock; the test owns it, so the
+    # sums are exact on any machine (real sleeps overslept by seconds under load).
+    now = [1000.0]
+
+    def advance(s: float) -> None:
+        now[0] += s
+
+    monkeypatch.setattr(step_timing, "time", SimpleNamespace(perf_counter=lambda: now[0]))
+
     class Scheduler:  # vLLM's engine-core Scheduler, reduced to the calls a step makes
         requests = False
 
@@ -54,11 +62,11 @@ def test_the_scheduler_times_each_step_from_schedule_to_update():
             return self.requests
 
         def schedule(self):
-            time.sleep(0.005)
+            advance(0.005)
             return output({"a": 2, "b": 2}, {"a": [1], "b": [2]}, k=1)
 
         def update_from_output(self, scheduler_output, model_output):
-            time.sleep(0.005)
+            advance(0.005)
             return {}
 
     class EngineCore:
@@ -70,24 +78,24 @@ def test_the_scheduler_times_each_step_from_schedule_to_update():
     assert step_timing.install_engine_core(EngineCore) and not step_timing.install_engine_core(EngineCore)
     sched = Scheduler()
     out = sched.schedule()
-    time.sleep(0.02)  # the forward pass
+    advance(0.02)  # the forward pass
     sched.update_from_output(out, None)  # 30 ms; no request left: the engine idles
-    time.sleep(0.3)  # idle: not counted
+    advance(0.3)  # idle: not counted
     sched.requests = True
     sched.update_from_output(sched.schedule(), None)  # 10 ms from its own schedule(); requests left
-    time.sleep(0.01)  # the engine core's loop between two busy steps: counted
+    advance(0.01)  # the engine core's loop between two busy steps: counted
     sched.update_from_output(sched.schedule(), None)  # 20 ms from the previous end
     # Async scheduling: the next step is scheduled before this one's output is processed; it is
     # timed from the previous step's end (the period), not from its own schedule().
     first, second = sched.schedule(), sched.schedule()
     sched.update_from_output(first, None)  # 15 ms from the previous end
-    time.sleep(0.02)
+    advance(0.02)
     sched.update_from_output(second, None)  # 25 ms from first's end
     after = {tuple(r[:3]): r for r in step_timing.TABLE.snapshot()}
     old = before.get((2, 4, 1), [2, 4, 1, 0.0, 0.0, 0.0, 0.0, 0.0])
     row = after[(2, 4, 1)]
     assert row[3] - old[3] == 5
-    assert 0.1 <= row[4] - old[4] < 0.3  # 30 + 10 + 20 + 15 + 25 ms, the 300 ms idle left out
+    assert row[4] - old[4] == pytest.approx(0.030 + 0.010 + 0.020 + 0.015 + 0.025)  # the 300 ms idle left out
     assert (row[5] - old[5], row[6] - old[6], row[7] - old[7]) == (10, 20, 10)
     assert getattr(EngineCore(), step_timing.STEP_STATS_RPC)() == step_timing.TABLE.snapshot()
 
