@@ -185,7 +185,7 @@ def greedy_beside(
 
 
 def greedy_beside_until_overlapped(
-    server, temperatures: list[float], alone: tuple[str, dict], max_tokens: int, attempts: int = 3, **kwargs
+    server, temperatures: list[float], alone: tuple[str, dict], max_tokens: int, attempts: int = 6, **kwargs
 ) -> Overlap:
     """`greedy_beside`, compared with the greedy request `alone`, until one run proves the overlap.
 

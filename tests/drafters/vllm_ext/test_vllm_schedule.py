@@ -40,7 +40,7 @@ def stock(vllm_ngram_server):
     return text, spec
 
 
-def beside(server, neighbours: int, xargs: dict, attempts: int = 3) -> tuple[str, dict]:
+def beside(server, neighbours: int, xargs: dict, attempts: int = 6) -> tuple[str, dict]:
     """The greedy request with `xargs` while `neighbours` T=1 non-drafting streams decode for all its life."""
     for _ in range(attempts):
         text, spec, overlap = greedy_beside(server, [1.0] * neighbours, MAX_TOKENS, xargs=xargs,
