@@ -35,7 +35,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from soak import Proc, stop_everything  # noqa: E402  (the soak's process handling)
-from testbed.procs import free_port  # noqa: E402
+from testbed.procs import free_port, wait_http_ok  # noqa: E402
 
 KEYS = {"greedy": "sk-tick-greedy", "temp1": "sk-tick-temp1"}
 ADMIN = "tick-admin"
@@ -43,20 +43,9 @@ MODEL = "tick-model"
 _SAMPLE = re.compile(r"^(specgate_controller_(?:ticks_total|decide_seconds_count|decide_seconds_sum|decide_cpu_seconds_total)) (\S+)$", re.M)
 
 
-def _ok(url: str) -> bool:
-    try:
-        return httpx.get(url, timeout=1).status_code == 200
-    except httpx.HTTPError:
-        return False
-
-
-def _wait(check, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.1)
-    raise SystemExit(f"[controller_tick_cost] {what} did not come up within {timeout_s:g} s")
+def _up(ok: bool, what: str) -> None:
+    if not ok:
+        raise SystemExit(f"[controller_tick_cost] {what} did not come up within 60 s")
 
 
 async def load(url: str, seconds: float, concurrency: int) -> int:
@@ -103,9 +92,9 @@ def main(argv: list[str] | None = None) -> int:
         for p in replicas.values():
             p.start()
         for p in replicas.values():
-            _wait(lambda p=p: _ok(f"http://127.0.0.1:{p.port}/health"), 60, p.name)
+            _up(wait_http_ok(f"http://127.0.0.1:{p.port}/health", timeout_s=60), p.name)
         gateway.start()
-        _wait(lambda: _ok(url + "/ready"), 60, "gateway")
+        _up(wait_http_ok(url + "/ready", timeout_s=60), "gateway")
         done = asyncio.run(load(url, a.seconds, a.concurrency))
         text = httpx.get(url + "/admin/controller/metrics", headers={"authorization": f"Bearer {ADMIN}"}, timeout=10).text
     finally:

@@ -41,7 +41,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from soak import Proc, redis_ping, stop_everything  # noqa: E402  (the soak's process handling)
-from testbed.procs import free_port  # noqa: E402
+from testbed.procs import free_port, wait_http_ok  # noqa: E402
 
 MODEL = "probe-model"
 PROFILE = "dspark-b8"
@@ -88,13 +88,13 @@ class Stack:
 
     def start(self) -> None:
         self.redis.start()
-        _wait(lambda: redis_ping(self.redis.port), 20, "redis")
+        _up(_redis_up(self.redis.port, 20), "redis", 20)
         for p in self.replicas.values():
             p.start()
         for p in self.replicas.values():
-            _wait(lambda p=p: _ok(f"http://127.0.0.1:{p.port}/health"), 60, p.name)
+            _up(wait_http_ok(f"http://127.0.0.1:{p.port}/health", timeout_s=60), p.name, 60)
         self.gateway.start()
-        _wait(lambda: _ok(self.url + "/ready"), 60, "gateway")
+        _up(wait_http_ok(self.url + "/ready", timeout_s=60), "gateway", 60)
 
     def access_records(self) -> list[dict]:
         """The gateway's access-log records so far, in order."""
@@ -107,20 +107,18 @@ class Stack:
         return out
 
 
-def _ok(url: str) -> bool:
-    try:
-        return httpx.get(url, timeout=1).status_code == 200
-    except httpx.HTTPError:
-        return False
+def _up(ok: bool, what: str, timeout_s: float) -> None:
+    if not ok:
+        raise SystemExit(f"[error_probe] {what} did not come up within {timeout_s:g} s")
 
 
-def _wait(check, timeout_s: float, what: str) -> None:
+def _redis_up(port: int, timeout_s: float) -> bool:
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if check():
-            return
+    while not redis_ping(port):
+        if time.monotonic() > deadline:
+            return False
         time.sleep(0.1)
-    raise SystemExit(f"[error_probe] {what} did not come up within {timeout_s:g} s")
+    return True
 
 
 # -- what the client saw ----------------------------------------------------------
