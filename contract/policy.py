@@ -14,7 +14,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field, field_validator
 
-from .knobs import SCHEDULE_KEY, Schedule, flat_schedule, schedule_envelope, schedule_problem
+from .knobs import SCHEDULE_KEY, Schedule, cap_at, flat_schedule, schedule_envelope, schedule_problem
 
 from .keys import POLICIES_CHANNEL, POLICIES_KEY, POLICIES_VERSION_KEY
 from .store import Store
@@ -175,6 +175,15 @@ class SpeculationPolicy(BaseModel):
         if self.probe is None:
             return self, None
         return (self.probe_arm(), "probe") if u < self.probe.share else (self, "policy")
+
+    def cap_at(self, batch: int) -> int | None:
+        """The draft cap this policy gives a request in an engine step of
+        `batch` requests (0 when off; None = uncapped, the replica's block):
+        the lookup the plugin does every step (`contract.knobs.cap_at`), for
+        the controller to price and account the policy in force at a batch."""
+        if not self.enabled:
+            return 0
+        return cap_at(self.max_draft, self.max_batch, batch, self.schedule)
 
     def behaviour(self) -> tuple:
         """What requests actually get; two policies equal here act the same

@@ -18,8 +18,9 @@ from contract.vllm_metrics import VllmMetricsSnapshot
 
 from .costs import ReplicaCost
 from .decision import FULL, Carried, Decision, DecisionConfig, TenantState, decide
+from .decision.probe import drafts
 from .decision.views import method_of
-from .estimators import ReplicaEstimator, TenantEstimator, replica_views
+from .estimators import ReplicaEstimator, TenantEstimator, capped_request_steps, replica_views
 from .signals import ReplicaDeltaTracker, TelemetryDeltaTracker
 
 
@@ -62,12 +63,31 @@ class ControlCore:
         sample = self.replica_tracker.update(name, at, snap)
         if sample is not None:
             self.replicas.update(sample, self.tenants.context_tokens(), self.tenants.prompt_tokens())
+            if sample.engine_steps:
+                self._observe_capped(name, method_of(est.profile), sample.engine_steps)
         else:
             est.healthy = True
             est.supports_knobs = snap.supports_knobs
             est.engine_fixes = snap.ext_engine_fixes
             if est.samples == 0:
                 est.batch = snap.num_requests_running
+
+    def _observe_capped(self, name: str, method: str, cells) -> None:
+        """Per tenant on replica `name`, the interval's request-steps its
+        policy in force capped at 0 (the probe's arm while it explores: those
+        are its drafting requests), weighted by its share of the replica: the
+        proposal rate leaves them out (`TenantEstimator.method_proposal`)."""
+        if method == "off":
+            return
+        mix = self.tenants.replica_mix().get(name, {})
+        for tenant, st in self.state.items():
+            share, policy = mix.get(tenant, 0.0), st.policy
+            if share <= 0 or policy is None:
+                continue
+            arm = policy.probe_arm() if policy.probe is not None and not drafts(policy) else policy
+            capped, counted = capped_request_steps(cells, arm.cap_at)
+            if counted > 0:
+                self.tenants.observe_capped(tenant, method, share * capped, share * counted)
 
     def observe_telemetry(self, counters: list[TelemetryCounters], dt_s: float) -> None:
         self.tenants.decay(dt_s)

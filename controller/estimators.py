@@ -17,6 +17,7 @@ Two time scales on purpose:
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 
 from contract.telemetry import SURVIVAL_ACCEPTED, SURVIVAL_POSITIONS, SURVIVAL_REACH, acceptance_length
@@ -35,6 +36,8 @@ from .acceptance_fit import (
     method_acceptance_prior,
     survival_from_counts,
 )
+from contract.vllm_metrics import StepCell, StepCellKey
+
 from .costs import ReplicaCost, parse_profile
 from .decision import MeasuredGain, ReplicaInput, TenantView
 from .signals import ReplicaSample, TenantSample
@@ -43,6 +46,23 @@ from .signals import ReplicaSample, TenantSample
 # Decoded tokens (decayed) each arm of a probe needs on a replica before the
 # two are compared there: about two 64-token requests.
 MIN_ARM_TOKENS = 100.0
+
+
+def capped_request_steps(cells: Mapping[StepCellKey, StepCell], cap: Callable[[int], int | None]) -> tuple[float, float]:
+    """(request-steps in steps where `cap` (batch -> a request's draft cap)
+    gives 0, all request-steps) of one interval's engine-timed cells, each
+    cell at its mean batch. Why: a request whose schedule caps it at 0 in a
+    step cannot propose there, and its telemetry counts that step as a decode
+    step without a proposal; only the engine knows the batch of each step,
+    so the share of a tenant's decode steps its policy capped is read here."""
+    capped = total = 0.0
+    for cell in cells.values():
+        if cell.steps <= 0 or cell.requests <= 0:
+            continue
+        total += cell.requests
+        if cap(max(1, round(cell.requests / cell.steps))) == 0:
+            capped += cell.requests
+    return capped, total
 
 
 def _decay(half_life_s: float, dt_s: float) -> float:
@@ -186,6 +206,10 @@ class _TenantSums:
     # Proposal evidence of requests allowed to draft (contract.telemetry's allowed_* counters).
     decode_steps: float = 0.0
     proposal_steps: float = 0.0
+    # Request-steps of the replicas it ran on where its policy capped it at 0, and all of
+    # them, weighted by its share there (`capped_request_steps`): decode steps that could not propose.
+    capped_weight: float = 0.0
+    counted_weight: float = 0.0
     proposal_drafted: float = 0.0
     proposal_full: float = 0.0
     # Per draft position i (index i-1): proposal steps that reached it and those accepted there.
@@ -284,6 +308,15 @@ class TenantEstimator:
             s.requests += smp.get("requests")
             s.by_replica[smp.replica] = s.by_replica.get(smp.replica, 0.0) + smp.get("completion_tokens")
 
+    def observe_capped(self, tenant: str, method: str, capped: float, counted: float) -> None:
+        """Fold in one replica interval's request-steps where the tenant's
+        policy capped it at 0 (`capped_request_steps`, weighted by its share
+        of the replica); only for tenants and methods with telemetry."""
+        for s in (self.sums.get(tenant), self.method_sums.get((tenant, method))):
+            if s is not None:
+                s.capped_weight += capped
+                s.counted_weight += counted
+
     def acceptance(self, tenant: str) -> tuple[float, float]:
         """(shrunk conditional acceptance, effective steps of evidence): the
         tenant's own drafted and accepted sums plus `prior_steps` pseudo-steps
@@ -318,7 +351,10 @@ class TenantEstimator:
         its own decode steps, shrunk toward the method's weak prior -- never
         toward other tenants, whose text may propose at a very different
         rate (greedy code against sampled chat). Methods it has no evidence
-        on are left to the prior (`GoodputModel.proposal`)."""
+        on are left to the prior (`GoodputModel.proposal`). Decode steps in
+        which its policy capped it at 0 (`observe_capped`) are left out of
+        the rate's denominator: a schedule that stops at 24 requests a step
+        would otherwise read as a tenant that rarely proposes."""
         out: dict[str, Proposal] = {}
         for (t, method), s in self.method_sums.items():
             if t != tenant:
@@ -329,7 +365,10 @@ class TenantEstimator:
                 a = _shrunk(s, method_acceptance_prior(method), self.prior_steps)
                 survival = survival_from_counts(s.reach, s.survived, a, SURVIVAL_PSEUDO_STEPS)
             if prior is not None and s.decode_steps > 0:
-                rate = (s.proposal_steps + PRIOR_DECODE_STEPS * prior.rate) / (s.decode_steps + PRIOR_DECODE_STEPS)
+                # Steps its policy capped at 0 could not propose: they are not evidence of the rate.
+                capped = s.capped_weight / s.counted_weight if s.counted_weight > 0 else 0.0
+                decode = max(s.decode_steps * (1.0 - capped), s.proposal_steps)
+                rate = (s.proposal_steps + PRIOR_DECODE_STEPS * prior.rate) / (decode + PRIOR_DECODE_STEPS)
                 fill = (s.proposal_drafted + PRIOR_FULL_TOKENS * prior.fill) / (s.proposal_full + PRIOR_FULL_TOKENS)
                 out[method] = Proposal(min(1.0, rate), min(1.0, fill), survival)
             elif survival is not None:

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from typing import Mapping
 
+from contract.knobs import schedule_cap
 from contract.overrides import TenantOverride
 
 from . import assembly, hysteresis
@@ -55,7 +56,7 @@ from .goodput import (
 )
 from .optimizer import Optimizer, Plan, TenantProposal
 from .probe import drafts, predicted_gain, tenant_probe
-from .schedule import tenant_schedules
+from .schedule import scheduled_proposals, schedules_stand, tenant_schedules
 from .threshold import LoadThresholds, spec_max_batch
 from .views import (
     FULL,
@@ -94,13 +95,20 @@ def decide(
     thresholds = LoadThresholds(model, cfg)
 
     proposals: dict[str, TenantProposal] = {}
+    searched = None
+    if schedules_stand(ctx, cfg):
+        # The engine applies each drafting tenant's schedule every step: on/off is
+        # priced where drafting pays (schedule.py), a TPOT target at today's batch.
+        untargeted = [t for t in sorted(ctx.tenants) if not ctx.tenants[t].tpot_target_ms]
+        proposals, searched = scheduled_proposals(opt, {t: s.k for t, s in state.items()}, cfg, untargeted)
     verdicts: dict[str, hysteresis.Verdict] = {}
     for t in sorted(ctx.tenants):
         prev = state.get(t, TenantState())
-        proposals[t] = opt.tenant_proposal(t, plan, prev.k)
+        if t not in proposals:
+            proposals[t] = opt.tenant_proposal(t, plan, prev.k)
         verdicts[t] = hysteresis.step(prev, proposals[t], cfg, now)
-    # Every tenant's cap at today's batch is known: the schedules extend them jointly to other batches.
-    schedules = tenant_schedules(opt, {t: v.chosen for t, v in verdicts.items()}, cfg)
+    # Every tenant's on/off and cap is known: the schedules extend them jointly to every batch.
+    schedules = tenant_schedules(opt, {t: v.chosen for t, v in verdicts.items()}, cfg, searched)
     schedules = {t: s for t, s in schedules.items() if not proposals[t].slo_driven}
 
     policies, new_state, records = {}, {}, []
@@ -118,10 +126,13 @@ def decide(
         # sends its envelope as max_batch to plugins without schedules); the load
         # threshold, priced for today's cap at every batch, would cut it short.
         max_batch = None
+        load = max((run_batch(r) for r in ctx.homes[t]), default=1.0)
         if schedule is None:
             max_batch = thresholds.for_choice(choice, ctx.homes[t]) if k > 0 else None
-            load = max((run_batch(r) for r in ctx.homes[t]), default=1.0)
             max_batch = hysteresis.steady_max_batch(prev, verdict, max_batch, load, cfg, now)
+        # The cap its requests get at today's batch: a schedule's length there (k is then
+        # its cap where drafting pays it, which may lie at another batch).
+        k_now = k if schedule is None else schedule_cap(schedule, max(1, round(load)))
 
         tenant_rho = {r.name: rho[r.name] for r in ctx.homes[t]}
         policy = assembly.tenant_policy(ctx, verdict, proposal, ov, theta, max_batch, tenant_rho, view.acceptance,
@@ -131,8 +142,8 @@ def decide(
         changed = hysteresis.policy_changed(prev, policy)
         new_state[t] = hysteresis.remember(prev, verdict, policy, theta, theta_ema, changed, now)
         policies[t] = policy
-        tpot = opt.tpot_ms(choice, t, {**ctx.thetas, t: theta})
-        drafting_cap = k if drafts(policy) else max((r.block for r in ctx.homes[t]), default=0)
+        tpot = opt.tpot_ms({**plan.proposal, t: k_now}, t, {**ctx.thetas, t: theta})
+        drafting_cap = (k_now or k) if drafts(policy) else max((r.block for r in ctx.homes[t]), default=0)
         predicted = predicted_gain(ctx, model, t, choice, drafting_cap) if view.measured_gain is not None else None
         records.append(assembly.record(now, changed, policy, verdict, proposal, view, theta, theta_star, tenant_rho, tpot,
                                        predicted))  # fmt: skip

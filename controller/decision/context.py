@@ -50,6 +50,11 @@ def fleet_acceptance(tenants: list[TenantView]) -> float:
     return sum(t.acceptance * max(t.evidence_steps, 0.0) for t in tenants) / weight
 
 
+def knees(live: list[ReplicaInput]) -> dict[str, float]:
+    """Replica -> verified tokens per step at its compute knee, at the batch it runs."""
+    return {rep.name: rep.cost.knee_tokens(run_batch(rep), rep.context_tokens) for rep in live}
+
+
 def _homes(view: TenantView, live: list[ReplicaInput]) -> list[ReplicaInput]:
     # Where its traffic went plus every speculative replica: the policy
     # itself moves traffic (routing), so having landed on an `off`
@@ -87,7 +92,7 @@ def fleet_context(
         fleet_a=views[DEFAULT_TENANT].acceptance,
         current=current,
         thetas={t: (state[t].theta if t in state else None) for t in views},
-        knee={rep.name: rep.cost.knee_tokens(run_batch(rep), rep.context_tokens) for rep in live},
+        knee=knees(live),
         homes={t: _homes(v, live) for t, v in views.items()},
         profiles=frozenset(r.profile for r in replicas),
     )

@@ -25,8 +25,8 @@ from contract.settings import DrafterSettings
 
 from .config import DecisionConfig
 from .context import FleetContext
-from .goodput import GoodputModel, regime_label, replica_load
-from .views import ReplicaInput, ReplicaRegime, TenantState
+from .goodput import GoodputModel, regime_label, replica_load, run_batch
+from .views import FULL, ReplicaInput, ReplicaRegime, TenantState
 
 
 def _profile_or_off(label: str) -> Profile:
@@ -192,13 +192,28 @@ def downtime_loss(
     return min(1.0, max(0.0, 1.0 - (after - before) / own))
 
 
+def caps_in_force(state: dict[str, TenantState], batch: float) -> dict[str, int]:
+    """Tenant -> the cap its policy gives a request in a step of `batch`
+    requests (a schedule's length there, FULL uncapped; the decided cap
+    before any policy). Not the decided cap itself: under a schedule that
+    cap is the one at the batch where drafting pays the tenant most, and the
+    fleet plan pricing the fleet's load at it took a tenant whose schedule
+    stops at 24 as drafting at 128, and recommended restarting into `off`."""
+    step = max(1, round(batch))
+    out: dict[str, int] = {}
+    for t, s in state.items():
+        cap = s.policy.cap_at(step) if s.policy is not None else s.k
+        out[t] = FULL if cap is None else cap
+    return out
+
+
 def replica_regimes(
     ctx: FleetContext, model: GoodputModel, state: dict[str, TenantState], cfg: DecisionConfig
 ) -> dict[str, ReplicaRegime]:
     """Each live replica at the caps and floors just decided (`state`): its
     regime, goodput, recommended profile and downtime cost."""
     live = ctx.live
-    choice = {t: s.k for t, s in state.items()}
+    choice = caps_in_force(state, sum(run_batch(r) for r in live) / len(live)) if live else {t: s.k for t, s in state.items()}
     model = model.with_thetas({t: s.theta for t, s in state.items()})
     plan_profile, plan_gain = fleet_plan(live, choice, model, cfg, ctx.profiles)
     final_eval = {rep.name: model.evaluate(rep, choice) for rep in live}

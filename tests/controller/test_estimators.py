@@ -13,7 +13,8 @@ from controller.acceptance_fit import (
     method_acceptance_prior,
     method_proposal,
 )
-from controller.estimators import TenantEstimator
+from contract.vllm_metrics import StepCell
+from controller.estimators import TenantEstimator, capped_request_steps
 from controller.signals import TenantSample
 
 
@@ -185,6 +186,34 @@ def test_proposal_evidence_decays_with_the_acceptance():
     est.update([_proposals("t", 10_000, 0.4, 0.7)], methods={"ng": "ngram"})
     est.decay(300)
     assert est.method_sums[("t", "ngram")].decode_steps == pytest.approx(5_000)
+
+
+def test_capped_request_steps_reads_each_cell_at_its_mean_batch():
+    cells = {(4, 8, 1): StepCell(steps=10, seconds=0.3, requests=30, tokens=80),  # mean batch 3
+             (32, 64, 0): StepCell(steps=5, seconds=0.5, requests=140, tokens=150),  # mean batch 28
+             (64, 64, 0): StepCell(steps=0, seconds=0.0, requests=0, tokens=0)}
+    schedule_24 = lambda batch: 8 if batch <= 24 else 0  # noqa: E731
+    assert capped_request_steps(cells, schedule_24) == (140, 170)
+    assert capped_request_steps(cells, lambda batch: None) == (0, 170)  # uncapped
+    assert capped_request_steps({}, schedule_24) == (0, 0)
+
+
+def test_steps_a_schedule_capped_at_zero_are_not_evidence_of_the_proposal_rate():
+    """A tenant whose schedule stops drafting at 24 requests a step, in a phase of
+    ~30: its telemetry counts every decode step, and the rate over them all
+    reads as a tenant that rarely proposes; over the steps it could draft in, as
+    its own rate (0.4)."""
+    est = TenantEstimator()
+    # 20,000 decode steps; 3/4 of them capped at 0 proposed nothing, the rest at 0.4.
+    est.update([_proposals("greedy", 20_000, 0.1, 0.7)], methods={"ng": "ngram"})
+    assert est.method_proposal("greedy")["ngram"].rate == pytest.approx(0.1, abs=0.01)
+    est.observe_capped("greedy", "ngram", capped=750.0, counted=1000.0)
+    assert est.method_proposal("greedy")["ngram"].rate == pytest.approx(0.4, abs=0.02)
+    est.observe_capped("nobody", "ngram", capped=1.0, counted=1.0)  # no telemetry: nothing to correct
+    assert "nobody" not in est.sums
+    # Never below the steps that did propose: a capped share over 100 % of the rest reads 1.
+    est.observe_capped("greedy", "ngram", capped=10_000.0, counted=10_000.0)
+    assert est.method_proposal("greedy")["ngram"].rate <= 1.0
 
 
 def _arms(tenant, replica, drafting_tokens, drafting_s_per_token, plain_tokens, plain_s_per_token):

@@ -175,9 +175,10 @@ def test_overrides_win(override, batch, check):
 def test_without_an_off_pool_knobs_switch_speculation_off():
     """No off pool to route to: on a knob-capable replica k=0 for everyone runs
     its steps at K=0 (drafters.vllm_ext), which skips the drafter too, so a
-    compute-bound batch turns speculation off in place; with an off pool the
+    compute-bound batch turns speculation off in place (without schedules: with
+    them the schedule stops drafting there instead, below); with an off pool the
     tenant is sent there instead."""
-    d = decide([replica(256, {"chat": 1.0})], tenants(chat=CHAT), {}, {}, now=0.0)
+    d = decide([replica(256, {"chat": 1.0})], tenants(chat=CHAT), {}, {}, now=0.0, cfg=DecisionConfig(schedule_grid=None))
     p = d.policies["chat"]
     assert not p.enabled and p.max_draft == 0
     d = decide(fleet(256, {"chat": 1.0}), tenants(chat=CHAT), {}, {}, now=0.0)
@@ -366,3 +367,22 @@ def test_a_changed_schedule_waits_for_its_dwell_unless_the_tenant_turns_on_or_of
     assert early.policies["code"].schedule == first.policies["code"].schedule  # inside the dwell
     late = decide(reps, later, first.state, {}, now=61.0, cfg=cfg)
     assert late.policies["code"].schedule == wanted
+
+
+def test_the_load_alone_never_turns_a_tenant_on_or_off_under_schedules():
+    """Knob-capable replicas, no off pool: each drafting tenant's schedule stops
+    where drafting stops paying, so a tenant's on/off is priced where drafting
+    pays it and a compute-bound tick leaves it on, drafting nothing there;
+    without schedules (or with an off pool) that tick switches it off."""
+    views = tenants(code=CODE, chat=CHAT)
+    light = decide([replica(2, {"code": 0.5, "chat": 0.5})], views, {}, {}, now=0.0)
+    heavy = decide([replica(256, {"code": 0.5, "chat": 0.5})], views, {}, {}, now=0.0)
+    for t in ("code", "chat"):
+        assert light.policies[t].enabled and heavy.policies[t].enabled, t
+        assert light.policies[t].schedule == heavy.policies[t].schedule, t
+        assert cap(heavy.policies[t], 256) == 0 and max(cap(light.policies[t], b) for b in (1, 2, 4)) > 0, t
+    # A heavy tick after a light one keeps every tenant on.
+    after = decide([replica(256, {"code": 0.5, "chat": 0.5})], views, light.state, {}, now=100.0)
+    assert all(after.policies[t].enabled for t in ("code", "chat"))
+    old = decide([replica(256, {"code": 0.5, "chat": 0.5})], views, {}, {}, now=0.0, cfg=DecisionConfig(schedule_grid=None))
+    assert not old.policies["chat"].enabled

@@ -86,3 +86,22 @@ def test_plan_stays_within_the_methods_the_fleet_runs():
     off = [replica(1, {}, profile="off", block=0)]
     assert {p for p, _, _ in plan_profiles(off)} == {"off"}
     assert {p for p, _, _ in plan_profiles(off, CFG_B16.drafter)} >= {"dspark-b8", "dspark-b8-av", "dspark-b16-av"}
+
+
+def test_the_fleet_is_priced_at_the_caps_its_policies_give_at_the_batch():
+    """Under a schedule the decided cap is the one where drafting pays the tenant
+    most; at today's batch its requests get the schedule's length there."""
+    from contract.policy import SpeculationPolicy
+    from controller.decision import FULL
+    from controller.decision.fleet import caps_in_force
+
+    scheduled = SpeculationPolicy(max_draft=8, schedule=((8, 8), (24, 2)))
+    state = {
+        "greedy": TenantState(k=8, policy=scheduled),
+        "plain": TenantState(k=FULL, policy=SpeculationPolicy()),
+        "off": TenantState(k=0, policy=SpeculationPolicy(enabled=False, max_draft=0)),
+        "new": TenantState(k=4),
+    }
+    assert caps_in_force(state, 4) == {"greedy": 8, "plain": FULL, "off": 0, "new": 4}
+    assert caps_in_force(state, 20.4) == {"greedy": 2, "plain": FULL, "off": 0, "new": 4}
+    assert caps_in_force(state, 128)["greedy"] == 0

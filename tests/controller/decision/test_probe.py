@@ -9,6 +9,11 @@ from contract.policy import ProbeSpec, SpeculationPolicy
 from controller.decision import DecisionConfig, MeasuredGain
 from controller.decision.probe import NEVER_DRAFT, cheap_batch, drafts, probe_spec, steady_probe
 
+# Exploration is for a tenant switched off; with schedules the load alone never switches one
+# off (it is priced where drafting pays, schedule.py), so these tests decide without them,
+# as a fleet whose replicas do not apply schedules is decided.
+NO_SCHEDULES = DecisionConfig(schedule_grid=None)
+
 CFG = DecisionConfig(explore_share=0.05, explore_evidence_steps=200, holdout_share=0.1)
 
 
@@ -83,7 +88,7 @@ def _decide(evidence, batch=64, measured=None, cfg=None, state=None):
     views = [TenantView("greedy", 0.5, 10_000, proposal={"ngram": Proposal(0.38, 0.69)}, measured_gain=measured,
                         acceptance_steps=evidence),
              TenantView("temp1", 0.02, 10_000, proposal={"ngram": Proposal(0.2, 0.69)}, acceptance_steps=10_000)]
-    return decide(reps, views, state or {}, {}, 0.0, cfg or DecisionConfig())
+    return decide(reps, views, state or {}, {}, 0.0, cfg or NO_SCHEDULES)
 
 
 def test_decide_publishes_an_exploration_probe_for_a_thin_tenant_it_switches_off():
@@ -94,7 +99,7 @@ def test_decide_publishes_an_exploration_probe_for_a_thin_tenant_it_switches_off
     assert block == 8 and cheap == 2  # knee ~7.7 tokens / (1 + 0.38 x 0.69 x 8) verified per request
     assert greedy.probe.share == DecisionConfig().explore_share and greedy.probe.profile == "ngram-k8"
     assert temp1.probe is None  # 10,000 speculation steps of its own: no guess to replace
-    assert _decide(evidence=20, cfg=DecisionConfig(explore_share=0.0)).policies["greedy"].probe is None
+    assert _decide(evidence=20, cfg=DecisionConfig(explore_share=0.0, schedule_grid=None)).policies["greedy"].probe is None
 
 
 def test_exploration_once_on_runs_until_twice_the_threshold():
@@ -146,9 +151,9 @@ def test_exploration_drafts_no_longer_than_an_admins_bound():
     views = [TenantView("greedy", 0.5, 10_000, proposal={"ngram": Proposal(0.38, 0.69)}, acceptance_steps=20),
              TenantView("temp1", 0.02, 10_000, acceptance_steps=10_000)]
     bound = {"greedy": TenantOverride(max_draft_max=2)}
-    first = decide(reps, views, {}, bound, 0.0, DecisionConfig())  # the override moved it: an admin's act, no probe
+    first = decide(reps, views, {}, bound, 0.0, NO_SCHEDULES)  # the override moved it: an admin's act, no probe
     assert first.policies["greedy"].source == "admin" and first.policies["greedy"].probe is None
-    d = decide(reps, views, first.state, bound, 1.0, DecisionConfig())  # then the controller's, inside the bounds
+    d = decide(reps, views, first.state, bound, 1.0, NO_SCHEDULES)  # then the controller's, inside the bounds
     greedy = d.policies["greedy"]
     assert greedy.source == "controller" and not drafts(greedy)
     assert greedy.probe is not None and greedy.probe.schedule[-1][1] == 2

@@ -5,9 +5,16 @@ from __future__ import annotations
 
 from contract.knobs import schedule_cap
 from controller.decision import DecisionConfig, Optimizer, fleet_context
-from controller.decision.schedule import joint_lengths, monotone, tenant_schedules
+from controller.decision.schedule import (
+    context_at,
+    joint_lengths,
+    monotone,
+    scheduled_proposals,
+    schedules_stand,
+    tenant_schedules,
+)
 
-from .test_decide import CHAT, CODE, fleet, replica, tenants
+from .test_decide import CHAT, CODE, POOR, fleet, replica, tenants
 
 
 def optimizer(reps, views, cfg=DecisionConfig()):
@@ -18,6 +25,11 @@ def optimizer(reps, views, cfg=DecisionConfig()):
 def test_monotone_never_drafts_longer_at_a_larger_batch():
     assert monotone([(1, 8), (2, 16), (4, 8), (8, 12), (16, 0), (32, 2)]) == ((8, 8),)
     assert monotone([(1, 16), (8, 4), (16, 4), (32, 2)]) == ((1, 16), (16, 4), (32, 2))
+
+
+def test_monotone_keeps_the_zeros_below_the_first_drafting_batch():
+    assert monotone([(1, 0), (2, 0), (4, 8), (8, 16), (16, 0), (32, 4)]) == ((2, 0), (8, 8))
+    assert monotone([(1, 0), (4, 0)]) == ((4, 0),)
 
 
 def test_drafts_shrink_as_the_batch_grows_and_the_better_tenant_drafts_longer():
@@ -46,3 +58,54 @@ def test_a_tenant_that_is_off_gets_no_schedule_and_is_not_drafted_for():
 def test_only_knob_capable_speculative_replicas_get_schedules():
     plain = [replica(4, {"code": 1.0}, knobs=False), replica(4, {"code": 1.0}, profile="off", block=0, name="off")]
     assert tenant_schedules(optimizer(plain, tenants(code=CODE)), {"code": 16}, DecisionConfig()) == {}
+
+
+def test_schedules_stand_only_where_every_speculative_replica_applies_them_and_no_off_pool_exists():
+    code = tenants(code=CODE)
+    two = [replica(4, {"code": 1.0}), replica(4, {"code": 1.0}, name="r2")]
+    assert schedules_stand(fleet_context(two, code, {}, DecisionConfig()), DecisionConfig())
+    assert not schedules_stand(fleet_context(two, code, {}, DecisionConfig()), DecisionConfig(schedule_grid=None))
+    assert not schedules_stand(fleet_context(fleet(4, {"code": 1.0}), code, {}, DecisionConfig()), DecisionConfig())
+    mixed = [replica(4, {"code": 1.0}), replica(4, {"code": 1.0}, name="r2", knobs=False)]
+    assert not schedules_stand(fleet_context(mixed, code, {}, DecisionConfig()), DecisionConfig())
+
+
+def test_context_at_runs_every_replica_and_home_at_the_batch():
+    reps = [replica(3, {"code": 1.0}, waiting=5), replica(200, {"code": 1.0}, name="r2")]
+    ctx = fleet_context(reps, tenants(code=CODE), {}, DecisionConfig())
+    at = context_at(ctx, 16)
+    assert [(r.batch, r.waiting) for r in at.live] == [(16, 0.0), (16, 0.0)]
+    assert [r.batch for r in at.homes["code"]] == [16, 16]
+    assert at.knee == fleet_context([r for r in at.live], tenants(code=CODE), {}, DecisionConfig()).knee
+
+
+def test_a_tenant_is_priced_at_the_same_batch_whatever_todays_load():
+    """On/off is priced where drafting pays the tenant, so the tick's load moves
+    neither its price nor its proposal."""
+    views, cfg = tenants(code=CODE, chat=CHAT), DecisionConfig()
+    light, _ = scheduled_proposals(optimizer([replica(2, {"code": 0.5, "chat": 0.5})], views), {}, cfg, ["code", "chat"])
+    heavy, _ = scheduled_proposals(optimizer([replica(256, {"code": 0.5, "chat": 0.5})], views), {}, cfg, ["code", "chat"])
+    for t in ("code", "chat"):
+        assert light[t].best == heavy[t].best > 0
+        assert light[t].table == heavy[t].table
+        assert light[t].g_off < light[t].table[light[t].best]
+
+
+def test_a_tenant_that_drafts_nowhere_is_priced_off():
+    reps = [replica(8, {"poor": 1.0})]
+    proposals, joint = scheduled_proposals(optimizer(reps, tenants(poor=POOR)), {}, DecisionConfig(), ["poor"])
+    assert proposals["poor"].best == 0
+    assert all(lengths.get("poor", 0) == 0 for lengths in joint.values())
+
+
+def test_a_weak_tenant_beside_a_strong_one_drafts_at_fewer_batches_and_shorter():
+    reps = [replica(8, {"code": 0.5, "chat": 0.5})]
+    opt = optimizer(reps, tenants(code=CODE, chat=CHAT))
+    proposals, joint = scheduled_proposals(opt, {}, DecisionConfig(), ["code", "chat"])
+    assert proposals["code"].best > 0 and proposals["chat"].best > 0
+    code_batches = [b for b, lengths in joint.items() if lengths["code"] > 0]
+    chat_batches = [b for b, lengths in joint.items() if lengths["chat"] > 0]
+    assert set(chat_batches) <= set(code_batches) and len(chat_batches) < len(code_batches)
+    # The search is reused for the schedules when the same tenants draft.
+    chosen = {"code": proposals["code"].best, "chat": proposals["chat"].best}
+    assert tenant_schedules(opt, chosen, DecisionConfig(), joint) == tenant_schedules(opt, chosen, DecisionConfig())

@@ -1,0 +1,43 @@
+"""ControlCore: what it folds in from each replica scrape besides the replica's own estimate."""
+
+from __future__ import annotations
+
+import pytest
+
+from contract.policy import ProbeSpec, SpeculationPolicy
+from contract.vllm_metrics import StepCell, VllmMetricsSnapshot
+from controller.core import ControlCore
+from controller.decision import TenantState
+
+from .test_estimators import _proposals
+
+# One interval's engine-timed steps: 100 steps of ~30 requests, 100 of ~10.
+CELLS = {(32, 64, 0): StepCell(steps=100, seconds=5.0, requests=3000, tokens=3000),
+         (16, 16, 1): StepCell(steps=100, seconds=3.0, requests=1000, tokens=3000)}
+
+
+def _core(policy: SpeculationPolicy) -> ControlCore:
+    core = ControlCore()
+    core.tenants.update([_proposals("greedy", 20_000, 0.1, 0.7)], methods={"ng": "ngram"})
+    core.state = {"greedy": TenantState(k=8, policy=policy)}
+    core.observe_replica("ng", "ngram-k8", 0.0, VllmMetricsSnapshot(num_requests_running=20))
+    core.observe_replica("ng", "ngram-k8", 1.0, VllmMetricsSnapshot(num_requests_running=20, engine_steps=CELLS))
+    return core
+
+
+def _capped_share(core: ControlCore) -> float:
+    s = core.tenants.method_sums[("greedy", "ngram")]
+    return s.capped_weight / s.counted_weight
+
+
+def test_a_scrape_counts_the_request_steps_the_tenants_schedule_capped_at_zero():
+    core = _core(SpeculationPolicy(max_draft=8, schedule=((24, 8),)))
+    assert _capped_share(core) == pytest.approx(0.75)
+    assert core.tenants.method_proposal("greedy")["ngram"].rate > 0.3  # 0.1 over all its steps, 0.4 where it could draft
+
+
+def test_an_exploring_tenant_is_counted_by_its_probe_arm():
+    exploring = SpeculationPolicy(enabled=False, max_draft=0, probe=ProbeSpec(share=0.05, schedule=((12, 8),)))
+    assert _capped_share(_core(exploring)) == pytest.approx(0.75)
+    uncapped = _core(SpeculationPolicy())
+    assert _capped_share(uncapped) == 0.0
