@@ -5,9 +5,13 @@ replica's output turned into the client's chunks (`ContinuationTap`).
 A continuation is a `/v1/completions` request whose prompt is the original
 prompt's token ids plus every id the client was sent (the ledger,
 `gateway.stream.ledger`) -- vLLM's token-id prompt input, so nothing is
-re-tokenized and nothing can drift at the splice. With greedy decoding the
-client's text equals an uninterrupted run; with sampling it is a valid
-sample conditioned on what was sent.
+re-tokenized and nothing can drift at the splice -- up to the last character
+boundary: ids of a character the client has no text of yet are generated
+again (`StreamLedger.rewind`, which says why: vLLM would otherwise emit the
+whole prompt's text first), and `ContinuationTap` keeps a client that was
+sent them from getting them twice. With greedy decoding the client's text
+equals an uninterrupted run; with sampling it is a valid sample conditioned
+on what was sent.
 
 Why some requests are refused (`unsupported`): the continuation restarts the
 engine's per-request state from a prompt. State that lives in the *output*
@@ -139,9 +143,11 @@ def max_tokens_left(body: dict[str, Any], endpoint: str, sent: int) -> int | Non
 
 def continuation_body(body: dict[str, Any], endpoint: str, ledger: StreamLedger, xargs: dict[str, Any] | None) -> dict[str, Any]:
     """The `/v1/completions` request that continues the stream: the prompt is
-    the original prompt's ids plus every id sent, `max_tokens`/`min_tokens`
-    less what was sent, every sampling parameter kept, the tenant's
-    speculation knobs (`xargs`, merged for the new replica) included."""
+    the original prompt's ids plus every id sent (up to the last character
+    boundary: the caller rewinds the ledger there first, `StreamLedger.rewind`),
+    `max_tokens`/`min_tokens` less what was sent, every sampling parameter
+    kept, the tenant's speculation knobs (`xargs`, merged for the new
+    replica) included."""
     sent = len(ledger.sent_ids)
     out: dict[str, Any] = {"model": body.get("model"), "prompt": [*(ledger.prompt_ids or ()), *ledger.sent_ids]}
     for key in _CARRIED:
@@ -199,12 +205,17 @@ class ContinuationTap:
                 chunk = self._take(obj["choices"][0])
                 if chunk:
                     out.append(chunk)
+                elif self.error is not None:
+                    break
         return b"".join(out)
 
     def _take(self, c: Any) -> bytes:
         if not isinstance(c, dict):
             return b""
         ids = c.get("token_ids") if isinstance(c.get("token_ids"), list) else []
+        shown = self._replayed(ids)
+        if shown is None:
+            return b""
         text = c.get("text") or ""
         finish, stop_reason = c.get("finish_reason"), c.get("stop_reason")
         if self.stop is not None:
@@ -219,10 +230,27 @@ class ContinuationTap:
         if finish is not None:
             ledger.finish_reason = finish
             self.done = True
-        if not text and finish is None and not (self.client_ids and ids):
+        if not text and finish is None and not (self.client_ids and shown):
             return b""
-        return client_chunk(ledger, self.chat, text, ids if self.client_ids else None, finish, stop_reason,
+        return client_chunk(ledger, self.chat, text, shown if self.client_ids else None, finish, stop_reason,
                             self.continuous)
+
+    def _replayed(self, ids: list[int]) -> list[int] | None:
+        """The ids of a chunk the client has not been sent: the first ones
+        may be the ledger's `replay` (ids of a partial character, generated
+        again). A client that got those ids must get the same ones: if the
+        continuation sampled others, the stream cannot go on exactly
+        (`error` set, the ledger blocked; None)."""
+        replay = self.ledger.replay
+        if not replay or not ids:
+            return ids
+        n = min(len(ids), len(replay))
+        if self.client_ids and ids[:n] != replay[:n]:
+            self.ledger.blocked = "the continuation sampled other ids than the client got for a partial character"
+            self.error = {"error": {"message": self.ledger.blocked}}
+            return None
+        del replay[:n]
+        return ids[n:]
 
 
 def client_chunk(ledger: StreamLedger, chat: bool, text: str, token_ids: list[int] | None, finish_reason: str | None,

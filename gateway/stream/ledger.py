@@ -16,6 +16,31 @@ are not held back). So at a break the client may lack a few characters of
 tokens it has the ids of (`withheld_text`, recovered with `/detokenize`),
 and a stop string may start before the splice and end after it; the
 gateway finds it where vLLM would have, and ends the stream there.
+
+Why a continuation starts from the last character boundary of the sent ids
+(`StreamLedger.rewind`, `ends_on_character`): one character can take
+several tokens (byte-level and byte-fallback vocabularies), and a break can
+come between them -- the client then has the ids of a character whose text
+it never got. vLLM primes a request's incremental detokenizer with the whole
+prompt (`FastIncrementalDetokenizer`: `DecodeStream(ids=prompt_token_ids)`),
+and tokenizers' `DecodeStream` takes the prompt's text as the prefix to cut
+off only when it does not end in U+FFFD; a prompt that ends inside a
+character therefore makes the first text of the continuation the text of
+the *whole prompt* (original prompt and sent text again) plus the new
+tokens', and vLLM checks stop strings over that text too, so a stop string
+anywhere in the prompt stops the continuation at once. No request field
+moves that priming, and the leaked text cannot be cut off reliably by the
+gateway (it is the prompt decoded with the request's `skip_special_tokens`,
+which `/detokenize` does not apply: a chat template's special tokens), nor
+would cutting it undo the stop strings found in it. So the continuation's
+prompt ends where the client's text does, on a character boundary, and the
+few ids after it (never shown as text) are generated again: the engine's
+state is then exactly an uninterrupted run's at that point, detokenizer and
+stop strings included. The client's text stays exact (under greedy decoding
+the ids too); a client that was sent those ids (`return_token_ids`) is not
+sent them twice, and its stream ends with the error event if the
+continuation samples other ones (`replay`, checked by the continuation's
+tap).
 """
 
 from __future__ import annotations
@@ -43,7 +68,7 @@ class StreamLedger:
     longer be continued (`blocked`)."""
 
     __slots__ = ("id", "created", "model", "prompt_ids", "sent_ids", "text_parts", "text_len", "finish_reason",
-                 "blocked", "parts")
+                 "blocked", "parts", "replay")
 
     def __init__(self) -> None:
         self.id: str | None = None
@@ -56,6 +81,8 @@ class StreamLedger:
         self.finish_reason: str | None = None
         self.blocked: str | None = None  # why this stream can no longer be continued
         self.parts: list[Part] = []
+        # Ids the client was sent past `sent_ids` (taken back by `rewind`): a continuation generates them again.
+        self.replay: list[int] = []
 
     @property
     def sent_text(self) -> str:
@@ -76,6 +103,25 @@ class StreamLedger:
         if text:
             self.text_parts.append(text)
             self.text_len += len(text)
+
+    def rewind(self, n: int) -> None:
+        """Keep the first `n` sent ids, the ones whose text ends on a
+        character boundary: the ids after them (the start of a character the
+        client has no text of) are for the continuation to generate again.
+        They leave `sent_ids` and their parts' counts, and go to the front of
+        `replay`, for a client that was sent them not to get them twice."""
+        back = self.sent_ids[n:]
+        if not back:
+            return
+        del self.sent_ids[n:]
+        self.replay[:0] = back
+        left = len(back)
+        for part in reversed(self.parts):
+            taken = min(part.tokens, left)
+            part.tokens -= taken
+            left -= taken
+            if not left:
+                break
 
     def take_chunk(self, obj: dict[str, Any], choices: Any, chat: bool) -> None:
         """A replica's choice chunk, as the client was sent it: ids, text,
@@ -133,15 +179,23 @@ def stop_strings(body: dict[str, Any]) -> list[str]:
     return []
 
 
+def ends_on_character(decoded: str) -> bool:
+    """Whether ids decoded whole end on a character boundary: their text
+    does not end in U+FFFD, the character a decoder puts for bytes that do
+    not (yet) make one. It is the test tokenizers' `DecodeStream` applies,
+    so vLLM emits text exactly at such ends, and primes a request's
+    detokenizer cleanly only with a prompt that has one (module docstring)."""
+    return not decoded.endswith("\ufffd")
+
+
 def withheld_text(decoded: str, sent_text: str) -> str | None:
     """The text of the sent ids the client has not seen (vLLM held it back
-    while checking stop strings), given the ids decoded whole; None when the
-    decoded text does not extend what was sent (the splice cannot be exact).
-    A trailing incomplete character is left to the continuation, which emits
-    it whole once its remaining bytes arrive."""
+    while checking stop strings), given the ids decoded whole (ending on a
+    character boundary: `StreamLedger.rewind`); None when the decoded text
+    does not extend what was sent (the splice cannot be exact)."""
     if not decoded.startswith(sent_text):
         return None
-    return decoded[len(sent_text):].rstrip("\ufffd")
+    return decoded[len(sent_text):]
 
 
 class StopAcrossSplice:

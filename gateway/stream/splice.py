@@ -25,7 +25,7 @@ from contract.telemetry import RequestSpecStats
 from ..inflight import UpstreamAttempt, take_abort
 from ..upstream import UpstreamBroken, UpstreamConnectError, UpstreamTimeout, read_whole
 from .continuation import ContinuationRequest, ContinuationTap, client_chunk, continuation_body, usage_event
-from .ledger import StopAcrossSplice, StreamLedger, stop_strings, withheld_text
+from .ledger import StopAcrossSplice, StreamLedger, ends_on_character, stop_strings, withheld_text
 
 if TYPE_CHECKING:
     from ..deps import RequestPathState
@@ -113,9 +113,12 @@ async def _one(state: RequestPathState, ctx: RequestContext, req: ContinuationRe
     include_stop = bool(req.body.get("include_stop_str_in_output"))
     try:
         withheld = ""
-        if stops and not include_stop and ledger.sent_ids:
-            withheld = await _withheld(post, replica.url, ctx.model, ledger, headers_timeout)
-            if withheld is None:
+        if ledger.sent_ids:
+            # The continuation's prompt must end on a character boundary (`StreamLedger.rewind` says why).
+            decoded = await _rewind_to_character(post, replica.url, ctx.model, ledger, headers_timeout)
+            if decoded is not None and stops and not include_stop:
+                withheld = withheld_text(decoded, ledger.sent_text)
+            if decoded is None or withheld is None:
                 ledger.blocked = "the sent text could not be matched to its token ids"
                 return "failed"
         xargs = merged_xargs(req.client_xargs, req.policy, replica.ext_knobs) if req.policy is not None else req.client_xargs
@@ -137,10 +140,26 @@ async def _one(state: RequestPathState, ctx: RequestContext, req: ContinuationRe
     return await _splice(state, ctx, req, ledger, replica, resp, tap, send, t_break)
 
 
-async def _withheld(post, url: str, model: str, ledger: StreamLedger, timeout: float) -> str | None:
-    """The text of the sent ids the client has not seen (None: it cannot be known exactly)."""
-    decoded = await _detokenize(post, url, model, ledger.sent_ids, timeout)
-    return withheld_text(decoded, ledger.sent_text) if decoded is not None else None
+# A character is at most 4 UTF-8 bytes, so at most 4 byte tokens; a run of bytes that makes no
+# character at all (a random model's) may be longer. Past this many ids back the continuation
+# is not attempted: each step back is one `/detokenize` call.
+MAX_REWIND_IDS = 16
+
+
+async def _rewind_to_character(post, url: str, model: str, ledger: StreamLedger, timeout: float) -> str | None:
+    """Rewind the ledger to the longest prefix of the sent ids that ends on a
+    character boundary (`/detokenize` of the prefixes, longest first: a
+    partial character is a few ids) and return that prefix's text (None:
+    `/detokenize` failed, or no boundary within `MAX_REWIND_IDS` ids)."""
+    ids = ledger.sent_ids
+    for end in range(len(ids), max(len(ids) - MAX_REWIND_IDS, 0) - 1, -1):
+        text = await _detokenize(post, url, model, ids[:end], timeout) if end else ""
+        if text is None:
+            return None
+        if ends_on_character(text):
+            ledger.rewind(end)
+            return text
+    return None
 
 
 async def _refused(ctx: RequestContext, replica, resp) -> str:

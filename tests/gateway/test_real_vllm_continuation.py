@@ -213,3 +213,88 @@ def test_stop_string_spanning_the_splice_still_stops(start_gateway, vllm_ngram_s
             break
     print(f"stop {stop!r} after {k} tokens; breaks after {breaks} tokens")
     assert breaks[-1] == k, f"no break on the boundary after {k} tokens in five runs (breaks after {breaks} tokens)"
+
+
+# In the prompts' text, not in the tiny model's output (checked): a continuation that saw them would stop.
+PROMPT_ONLY_STOPS = ["three", "quick"]
+
+
+def _decode(url: str, model: str, tokens: list[int]) -> str:
+    r = httpx.post(url + "/detokenize", json={"model": model, "tokens": tokens}, timeout=30)
+    r.raise_for_status()
+    return r.json()["prompt"]
+
+
+def _inside_a_character(url: str, model: str, ids: list[int]) -> set[int]:
+    """Every k after which the first k ids end inside a character (or in bytes that make none yet): their
+    text ends in U+FFFD, with some text before it (what the client has). The random model emits such byte
+    tokens in runs."""
+    texts = {k: _decode(url, model, ids[:k]) for k in range(1, len(ids))}
+    return {k for k, text in texts.items() if text.endswith("\ufffd") and text.rstrip("\ufffd")}
+
+
+def _longest_run_middle(ks: set[int]) -> int:
+    runs: list[list[int]] = []
+    for k in sorted(ks):
+        if runs and runs[-1][-1] == k - 1:
+            runs[-1].append(k)
+        else:
+            runs.append([k])
+    run = max(runs, key=len)
+    return run[len(run) // 2]
+
+
+@pytest.mark.parametrize("endpoint", ["completions", "chat"])
+def test_a_break_inside_a_character_continues_exactly(start_gateway, vllm_ngram_server, vllm_plain_server, cut_plain,
+                                                      endpoint):
+    """The break falls inside a multi-byte character: the client has the ids of a character it has no
+    text of. vLLM primes a request's detokenizer with its whole prompt and cuts the prompt's text off
+    only when that prompt ends on a character, so a continuation whose prompt ends there first emits
+    the text of its whole prompt -- and finds stop strings in it (both shown directly first). Via the
+    gateway (which continues from the last character boundary) the text is the uninterrupted run's,
+    and stop strings that occur only in the prompt stop nothing. The break must land inside a
+    character; a loaded machine may merge events and move it (see the stop-string test), so the stream
+    is run until one does, each run checked, at most five runs."""
+    model, url = vllm_plain_server.model, vllm_plain_server.url
+    chat = endpoint == "chat"
+    ask = {"model": model, "max_tokens": 60, "temperature": 0, "ignore_eos": True, "stop": PROMPT_ONLY_STOPS}
+    ask.update({"messages": CHAT} if chat else {"prompt": PROMPT})
+    path = "/v1/chat/completions" if chat else "/v1/completions"
+    reference = httpx.post(url + path, json={**ask, "return_token_ids": True}, timeout=120).json()
+    choice = reference["choices"][0]
+    expected = choice["message"]["content"] if chat else choice["text"]
+    assert choice["finish_reason"] == "length"  # the stop strings are the prompt's only
+    prompt_ids = reference["prompt_token_ids"] if chat else choice["prompt_token_ids"]
+    ids = choice["token_ids"]
+    inside = _inside_a_character(url, model, ids)
+    assert inside, f"the greedy output never ends inside a character: {expected!r}"
+    k = _longest_run_middle(inside)
+
+    # What vLLM does with the sent ids as the prompt (the cause): the whole prompt's text first, stop strings found in it.
+    naive = {"model": model, "prompt": prompt_ids + ids[:k], "max_tokens": 60 - k, "temperature": 0, "ignore_eos": True}
+    leaked = httpx.post(url + "/v1/completions", json=naive, timeout=120).json()["choices"][0]["text"]
+    assert (CHAT[0]["content"] if chat else PROMPT) in leaked, f"vLLM no longer emits the prompt's text here: {leaked!r}"
+    stopped = httpx.post(url + "/v1/completions", json={**naive, "stop": PROMPT_ONLY_STOPS}, timeout=120).json()
+    assert stopped["choices"][0]["finish_reason"] == "stop"
+
+    gw = gateway_for(start_gateway, cut_plain.url, vllm_ngram_server.url)
+    breaks = []
+    for run in range(5):
+        cut_plain.arm(k)
+        with httpx.stream("POST", gw.url + path, json={**ask, "stream": True},
+                          headers={"authorization": f"Bearer {KEYS['alpha']}"}, timeout=120) as r:
+            data = sse_data(r)
+        assert cut_plain.holding.is_set()
+        assert data[-1] == "[DONE]" and data.count("[DONE]") == 1
+        events = [json.loads(d) for d in data[:-1]]
+        assert not any("error" in e for e in events)
+        choices = [e["choices"][0] for e in events if e["choices"]]
+        text = "".join((c["delta"].get("content") or "") if chat else c["text"] for c in choices)
+        assert text == expected
+        assert choices[-1]["finish_reason"] == "length"
+        assert continued(gw) == run + 1
+        breaks.append(cut_plain.held_tokens)
+        if cut_plain.held_tokens in inside:
+            break
+    print(f"{endpoint}: break inside a character after {k} tokens; breaks after {breaks} tokens")
+    assert breaks[-1] in inside, f"no break inside a character in five runs (breaks after {breaks} tokens, inside: {sorted(inside)})"

@@ -110,3 +110,43 @@ def test_continuation_tap_rewrites_completion_chunks_into_the_clients_chat_strea
     ]
     assert tap.done and tap.saw_done and led.sent_ids == [100, 101, 102] and led.sent_text == " a b c"
     assert led.usage() == {"prompt_tokens": 1, "total_tokens": 4, "completion_tokens": 3}
+
+
+def replayed_chunk(ids, text, finish=None):
+    return {"id": "cmpl-y", "object": "text_completion", "created": 11, "model": "m",
+            "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish, "stop_reason": None,
+                         "token_ids": ids}]}
+
+
+def rewound_ledger() -> StreamLedger:
+    """The client got ids 100..102 and the text of 100 only: 101, 102 are the first bytes of a character."""
+    led = ledger([1], [100, 101, 102], " a")
+    led.id, led.created, led.model = "cmpl-x", 9, "m"
+    led.rewind(1)
+    return led
+
+
+def test_ids_generated_again_after_a_rewind_are_not_sent_twice():
+    led = rewound_ledger()
+    tap = ContinuationTap(led, chat=False, client_ids=True, continuous=False, stop=None)
+    out = tap.feed(sse(replayed_chunk([101], "")) + sse(replayed_chunk([102, 103], "é")) + sse(replayed_chunk([104], "b", "length")))
+    events = [orjson.loads(e[6:]) for e in out.split(b"\n\n") if e]
+    assert [(e["choices"][0]["text"], e["choices"][0]["token_ids"]) for e in events] == [("é", [103]), ("b", [104])]
+    assert led.sent_ids == [100, 101, 102, 103, 104] and led.replay == [] and led.sent_text == " aéb"
+    assert tap.error is None and tap.done
+
+
+def test_a_continuation_that_samples_other_ids_than_the_client_got_cannot_go_on():
+    led = rewound_ledger()
+    tap = ContinuationTap(led, chat=False, client_ids=True, continuous=False, stop=None)
+    assert tap.feed(sse(replayed_chunk([101, 7], "x")) + sse(replayed_chunk([8], "y"))) == b""
+    assert tap.error is not None and "partial character" in led.why_not()
+    assert led.sent_ids == [100]  # nothing of it taken
+
+
+def test_a_client_without_ids_gets_whatever_the_continuation_samples():
+    led = rewound_ledger()
+    tap = ContinuationTap(led, chat=True, client_ids=False, continuous=False, stop=None)
+    out = tap.feed(sse(replayed_chunk([201, 202], "ü")))  # other bytes: the client never saw the first ones
+    assert orjson.loads(out[6:])["choices"][0]["delta"] == {"content": "ü"}
+    assert led.sent_ids == [100, 201, 202] and led.replay == [] and tap.error is None

@@ -2,7 +2,9 @@
 testbed/fake_openai.py: deterministic output ids, so a
 continued stream must be the uninterrupted one token for token): the real
 gateway over loopback HTTP, the real openai SDK as the client. The real-vLLM
-tier is tests/gateway/test_real_vllm_continuation.py."""
+tier is tests/gateway/test_real_vllm_continuation.py. At the end, the
+rewind to a character boundary against a stub `/detokenize` (the fake's
+tokens are whole words)."""
 
 from __future__ import annotations
 
@@ -16,6 +18,9 @@ import pytest
 
 from contract.store.redis_store import RedisStore
 from contract.telemetry import read_all
+from gateway.stream.continuation import continuation_body
+from gateway.stream.ledger import StreamLedger
+from gateway.stream.splice import MAX_REWIND_IDS, _rewind_to_character
 from testbed.fake_openai import OUTPUT_BASE, output_text
 
 from ..conftest import KEYS, backend_requests, wait_for
@@ -198,3 +203,71 @@ def test_a_replica_silent_past_the_read_timeout_is_continued_elsewhere(start_bac
     assert "".join(c.choices[0].text for c in chunks) == output_text(0, 10)
     assert time.monotonic() - started < 10  # continued, not waited out
     assert backend_requests(b)[-1]["body"]["prompt"][-1] == OUTPUT_BASE  # a sent token 0 only
+
+
+class _Detokenized:
+    def __init__(self, status: int, body: bytes) -> None:
+        self.status, self._body = status, body
+
+    async def read(self) -> bytes:
+        return self._body
+
+    def release(self) -> None:
+        pass
+
+    def abort(self) -> None:
+        pass
+
+
+def _bytes_replica(calls: list[list[int]], status: int = 200):
+    """`/detokenize` of a byte-level vocabulary: id i is byte i, decoded as vLLM does (U+FFFD for what makes no character)."""
+    async def post(url, body, headers, timeout):
+        ids = json.loads(body)["tokens"]
+        calls.append(ids)
+        return _Detokenized(status, json.dumps({"prompt": bytes(ids).decode("utf-8", "replace")}).encode())
+    return post
+
+
+async def test_a_continuation_starts_after_the_last_whole_character_the_client_has_ids_of():
+    euro = list("€".encode())  # three bytes, three ids
+    led = StreamLedger()
+    led.prompt_ids = [65]
+    led.start_part("a")
+    led.took([ord("h"), ord("i"), *euro[:2]], "hi")  # the client got "hi" and two of the euro sign's bytes
+    calls = []
+    assert await _rewind_to_character(_bytes_replica(calls), "u", "m", led, 1.0) == "hi"
+    assert led.sent_ids == [ord("h"), ord("i")] and led.replay == euro[:2]
+    assert [len(c) for c in calls] == [4, 3, 2]  # longest prefix first: a partial character is a few ids
+    body = continuation_body({"model": "m", "prompt": "A", "max_tokens": 10}, "completions", led, None)
+    assert body["prompt"] == [65, ord("h"), ord("i")] and body["max_tokens"] == 8
+
+
+async def test_sent_ids_that_make_no_character_at_all_are_all_generated_again():
+    led = StreamLedger()
+    led.prompt_ids = [65]
+    led.took([0xE2, 0x82], "")
+    assert await _rewind_to_character(_bytes_replica([]), "u", "m", led, 1.0) == ""
+    assert led.sent_ids == [] and led.replay == [0xE2, 0x82]
+
+
+async def test_whole_characters_are_not_rewound_and_a_failed_detokenize_is_no_answer():
+    led = StreamLedger()
+    led.prompt_ids = [65]
+    led.took(list("é!".encode()), "é!")
+    calls = []
+    assert await _rewind_to_character(_bytes_replica(calls), "u", "m", led, 1.0) == "é!"
+    assert len(calls) == 1 and led.replay == [] and len(led.sent_ids) == 3
+    assert await _rewind_to_character(_bytes_replica([], status=500), "u", "m", led, 1.0) is None
+
+
+async def test_no_boundary_within_the_rewind_bound_is_no_answer():
+    """Bytes that make no character for longer than a character can be: the continuation is not
+    attempted (each step back costs a `/detokenize` call), and the ledger is left as it was."""
+    led = StreamLedger()
+    led.prompt_ids = [65]
+    led.took([ord("a"), *[0x80] * (MAX_REWIND_IDS + 1)], "a")  # continuation bytes only: never a character
+    calls = []
+    assert await _rewind_to_character(_bytes_replica(calls), "u", "m", led, 1.0) is None
+    assert len(calls) == MAX_REWIND_IDS + 1 and len(led.sent_ids) == MAX_REWIND_IDS + 2 and led.replay == []
+    del led.sent_ids[-1]  # one id fewer: "a" lies within the bound, 16 ids back
+    assert await _rewind_to_character(_bytes_replica([]), "u", "m", led, 1.0) == "a"
