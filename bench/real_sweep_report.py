@@ -82,16 +82,29 @@ def window_stats(window: Any, samples: list[Any], tenants: Iterable[str]) -> dic
     }
 
 
+def window_cells(first: dict, last: dict) -> dict:
+    """The engine-timed cells' increments over a window ("batch,tokens,drafting" ->
+    [steps, seconds, requests, tokens, draft_tokens]; cells without a step left out)."""
+    out = {}
+    for key, values in last.items():
+        before = first.get(key) or [0.0] * len(values)
+        delta = [a - b for a, b in zip(values, before)]
+        if delta[0] > 0:
+            out[key] = delta
+    return out
+
+
 def step_point(first: dict | None, last: dict | None) -> dict | None:
     """(N, t) of one replica over one window, from two /metrics scrapes."""
     if not first or not last:
         return None
-    d = {k: last[k] - first[k] for k in first if k != "at"}
+    d = {k: last[k] - first[k] for k in first if k not in ("at", "cells")}
     steps = d["steps"]
     if steps <= 0:
         return None
     forward = d["generation_tokens"] - d["accepted_tokens"] + d["draft_tokens"] + d["prompt_tokens"]
     return {
+        "cells": window_cells(first.get("cells") or {}, last.get("cells") or {}),
         "steps": steps,
         "t_ms": (last["at"] - first["at"]) * 1000 / steps,
         "N": forward / steps,

@@ -367,7 +367,7 @@ class Gateway:
 
 
 async def scrape_replica(client: httpx.AsyncClient, url: str) -> dict | None:
-    """The counters the measured step-cost point needs, from one replica's /metrics."""
+    """The counters the measured step-cost points need, from one replica's /metrics."""
     sent = time.time()
     try:
         resp = await client.get(url + "/metrics", timeout=10)
@@ -384,6 +384,10 @@ async def scrape_replica(client: httpx.AsyncClient, url: str) -> dict | None:
         "drafts": snap.spec_num_drafts or 0.0,
         "draft_tokens": snap.spec_num_draft_tokens or 0.0,
         "accepted_tokens": snap.spec_num_accepted_tokens or 0.0,
+        # The plugin's engine-timed step table (cumulative, per "batch,tokens,drafting" cell:
+        # [steps, seconds, requests, tokens, draft_tokens]): the measured per-step times a
+        # learned curve is judged against, kept so a run can be refitted offline.
+        "cells": {",".join(map(str, key)): list(cell.values()) for key, cell in snap.engine_steps.items()},
     }
 
 
