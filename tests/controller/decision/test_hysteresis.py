@@ -154,6 +154,11 @@ def test_a_changed_schedule_waits_for_its_dwell_unless_drafting_turns_on_or_off(
     assert h.steady_schedule(prev, same, new, cfg, now=130.0) == old  # inside the dwell: the one in force acts
     assert h.steady_schedule(prev, same, new, cfg, now=160.0) == new
     assert h.steady_schedule(prev, same, None, cfg, now=130.0) is None  # none wanted (an SLO's cap, no grid)
+    # Where schedules stand, a tenant held on whose search drafts nowhere keeps the one in force
+    # (the load threshold in its place flipped with every near-tie), until it turns off or an admin moves it.
+    assert h.steady_schedule(prev, same, None, cfg, now=500.0, stand=True) == old
+    turned_off = h.Verdict(8, 0, "", False, 0.0, {}, 0.0, False, None, 0, None, 0, {})
+    assert h.steady_schedule(prev, turned_off, None, cfg, now=130.0, stand=True) is None
     retuned = h.Verdict(8, 4, "", False, 0.0, {}, 0.0, False, None, 0, None, 0, {})
     assert h.steady_schedule(prev, retuned, new, cfg, now=130.0) == old  # a retune at today's batch is not news
     forced = h.Verdict(8, 4, "", True, 0.0, {}, 0.0, False, None, 0, None, 0, {})
