@@ -12,8 +12,9 @@ simulated ngram replicas (`specgate sim-replica --profile ngram-k8`) and
 
     .venv/bin/python bench/controller_tick_cost.py [--seconds 40] [--concurrency 8]
 
-Prints the ticks, the mean wall time and CPU time of a decision, and the
-share of one core that is at the tick rate.
+Prints the ticks, the mean wall time and CPU time of a decision, the
+share of one core that is at the tick rate, and the gateway process's whole
+CPU over the load (relaying, scrapes and the step-cost fits included).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import hashlib
+import os
 import re
 import sys
 import tempfile
@@ -41,6 +43,12 @@ KEYS = {"greedy": "sk-tick-greedy", "temp1": "sk-tick-temp1"}
 ADMIN = "tick-admin"
 MODEL = "tick-model"
 _SAMPLE = re.compile(r"^(specgate_controller_(?:ticks_total|decide_seconds_count|decide_seconds_sum|decide_cpu_seconds_total)) (\S+)$", re.M)
+
+
+def process_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of one process so far (/proc/<pid>/stat, fields 14-15)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _up(ok: bool, what: str) -> None:
@@ -95,7 +103,9 @@ def main(argv: list[str] | None = None) -> int:
             _up(wait_http_ok(f"http://127.0.0.1:{p.port}/health", timeout_s=60), p.name)
         gateway.start()
         _up(wait_http_ok(url + "/ready", timeout_s=60), "gateway")
+        cpu_before = process_cpu_s(gateway.pid)
         done = asyncio.run(load(url, a.seconds, a.concurrency))
+        gateway_cpu = process_cpu_s(gateway.pid) - cpu_before
         text = httpx.get(url + "/admin/controller/metrics", headers={"authorization": f"Bearer {ADMIN}"}, timeout=10).text
     finally:
         stop_everything()
@@ -109,6 +119,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{done} requests in {a.seconds:g} s at concurrency {a.concurrency}; {n:.0f} timed decisions "
           f"({values.get('specgate_controller_ticks_total', 0):.0f} ticks)")
     print(f"per decision: wall {wall * 1e3:.1f} ms, CPU {cpu * 1e3:.1f} ms; at one tick a second, {cpu * 100:.1f} % of a core")
+    print(f"gateway process (relaying, scrapes, the step-cost fits, decisions): {gateway_cpu:.2f} s of CPU in "
+          f"{a.seconds:g} s, {gateway_cpu * 1e3 / max(done, 1):.2f} ms per request")
     return 0
 
 

@@ -313,6 +313,18 @@ class StepCostLearner:
     observations: int = 0
     curve: StepCurve | None = None
     timed: bool = False  # fitted on engine-timed steps (observe_cells) rather than scrape intervals
+    # Seconds of observations between refits. A refit scans the knee grid (~25 ms of CPU with 45
+    # points); at one scrape a second per replica that was most of an embedded controller's CPU,
+    # taken from the engines on a shared host, while the curve moves with a 300 s half-life.
+    refit_s: float = 5.0
+    stale_s: float = 0.0  # observed seconds since the last refit
+
+    def _refit(self, dt_s: float) -> None:
+        """Refit on the first observation and then every `refit_s` of observations."""
+        self.stale_s += max(dt_s, 0.0)
+        if self.curve is None or self.stale_s >= self.refit_s:
+            self.curve = fit_step_curve(self.points(), self.prior)
+            self.stale_s = 0.0
 
     def _decay(self, dt_s: float) -> None:
         decay = 0.5 ** (dt_s / self.half_life_s) if self.half_life_s > 0 else 0.0
@@ -354,7 +366,7 @@ class StepCostLearner:
             b.prompt += prompt
             b.burst_steps += burst_steps
         self.observations += 1
-        self.curve = fit_step_curve(self.points(), self.prior)
+        self._refit(dt_s)
         return True
 
     def observe_cells(self, dt_s: float, cells: Mapping[tuple[int, int, int], StepCell]) -> bool:
@@ -379,7 +391,7 @@ class StepCostLearner:
                 b.drafting_steps += c.steps
         self.observations += 1
         self.timed = True
-        self.curve = fit_step_curve(self.points(), self.prior)
+        self._refit(dt_s)
         return True
 
     def points(self) -> list[StepPoint]:
