@@ -404,6 +404,28 @@ def fitted_t(step_cost: dict | None, n: float) -> float | None:
     return flat + slope * max(0.0, n - knee)
 
 
+def learned_at_cells(cells: dict, fit: dict | None) -> tuple[float | None, float | None]:
+    """(engine-timed mean step ms over a window's cells, the learned curve's mean over the same
+    steps, each cell priced at its own mean requests, tokens and drafting): issue 30 item 4's
+    check, the fitted curve against the per-step times the plugin measured."""
+    steps = sum(v[0] for v in cells.values())
+    if steps <= 0:
+        return None, None
+    engine = 1000.0 * sum(v[1] for v in cells.values()) / steps
+    if not fit or fit.get("flat_ms") is None:
+        return engine, None
+    learned = 0.0
+    for key, (n, _, requests, tokens, _) in cells.items():
+        drafting = key.split(",")[-1] == "1"
+        r, per_step_tokens = requests / n, tokens / n
+        t = (fit["flat_ms"] + fit.get("request_ms", 0.0) * r
+             + fit["slope_ms_per_token"] * max(0.0, per_step_tokens - fit["knee_tokens"]))
+        if drafting:
+            t += fit.get("draft_fixed_ms", 0.0) + fit.get("draft_ms_per_request", 0.0) * r
+        learned += n * t
+    return engine, learned / steps
+
+
 def latest_fits(runs: list[dict]) -> dict[str, dict]:
     """Each replica's fitted step-cost curve from the last controller run that published one."""
     fits: dict[str, dict] = {}
@@ -428,10 +450,13 @@ def step_rows(runs: list[dict]) -> list[dict]:
             suspect = sum(pt["batch"] for pt in points.values()) > 1.5 * p["concurrency"]
             for name, point in sorted(points.items()):
                 fit = fitted_t(fits.get(name), point["N"])
+                engine, learned = learned_at_cells(point.get("cells") or {}, fits.get(name))
                 rows.append({
                     "policy": run["policy"] if run["kind"] != "grid" else f"grid {run['policy']}",
                     "rep": run["rep"], "phase": p["name"], "replica": name, **point, "suspect": suspect,
                     "fitted_t_ms": fit, "rel_err": (fit - point["t_ms"]) / point["t_ms"] if fit else None,
+                    "engine_t_ms": engine, "learned_t_ms": learned,
+                    "learned_err": (learned - engine) / engine if engine and learned is not None else None,
                 })  # fmt: skip
     return rows
 
@@ -547,9 +572,17 @@ def report_steps(runs: list[dict]) -> str:
             r["policy"], str(r["rep"]), r["phase"], r["replica"], f"{r['N']:.1f}", f"{r['t_ms']:.1f}",
             "-" if r["fitted_t_ms"] is None else f"{r['fitted_t_ms']:.1f}",
             "-" if r["rel_err"] is None else f"{r['rel_err']:+.0%}",
+            "-" if r["engine_t_ms"] is None else f"{r['engine_t_ms']:.1f}",
+            "-" if r["learned_t_ms"] is None else f"{r['learned_t_ms']:.1f}",
+            "-" if r["learned_err"] is None else f"{r['learned_err']:+.0%}",
             f"{r['batch']:.1f}" + (" !" if r["suspect"] else ""), "-" if r["acceptance"] is None else f"{r['acceptance']:.2f}",
         ])  # fmt: skip
-    out.append(table(["policy", "rep", "phase", "replica", "N tok/step", "t ms", "fitted t(N)", "err", "B req/step", "accept"], rows))
+    out.append(table(["policy", "rep", "phase", "replica", "N tok/step", "t ms", "fitted t(N)", "err", "engine-timed ms",
+                      "learned at cells", "err", "B req/step", "accept"], rows))
+    errors = [abs(r["learned_err"]) for r in step_rows(runs) if r["learned_err"] is not None]
+    if errors:
+        out.append(f"learned vs engine-timed, median |err| over {len(errors)} windows: {statistics.median(errors):.1%} "
+                   f"(issue 30 item 4: within 10 %)")
     if any(r["suspect"] for r in step_rows(runs)):
         out.append("! requests per step add up to > 1.5x the phase's concurrency: vLLM counted fewer steps than ran (t, N too large)")
     return "\n".join(out)
