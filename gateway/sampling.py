@@ -108,6 +108,25 @@ def _show(value: Any) -> str:
 _COMPLETION_LIMITS = ("max_tokens", "max_completion_tokens")
 
 
+def completion_limit(body: dict[str, Any]) -> int | None:
+    """The request's largest completion-token limit (`max_tokens`,
+    `max_completion_tokens`; None: it sets none)."""
+    limits = [v for v in (body.get(k) for k in _COMPLETION_LIMITS) if type(v) is int]
+    return max(limits) if limits else None
+
+
+def fits_context(replica: Any, model: str, limit: int | None) -> bool:
+    """Whether `replica` can take a request for `model` with completion limit
+    `limit`: its card's context length is unknown or at least the limit.
+    Routing (and so failover) skips the others: a request the longest
+    context admits (`check_fits_context`) must not fail over to a replica
+    with a shorter one and come back with that replica's 400."""
+    if limit is None:
+        return True
+    n = replica.context_lengths.get(model, 0)
+    return n == 0 or limit <= n
+
+
 def context_lengths(cards: list[dict[str, Any]]) -> dict[str, int]:
     """{model id: context length} from a replica's /v1/models cards (vLLM's
     `max_model_len`); cards without a usable one are left out."""

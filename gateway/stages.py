@@ -26,7 +26,7 @@ from .asgi_io import read_body
 from .budget_guard import StoreDown
 from .deps import RequestPathState
 from .errors import GatewayError
-from .sampling import check_fits_context, check_sampling
+from .sampling import check_fits_context, check_sampling, completion_limit, fits_context
 from .ratelimit_headers import ratelimit_headers
 from .request_context import RequestContext
 from .routing import RouteRequest, affinity_key, rank_replicas
@@ -187,7 +187,8 @@ def route(state: RequestPathState, ctx: RequestContext) -> list:
         ctx.t_route_start_ns = _now_ns()
     replicas = ctx.replicas
     now = time.monotonic()
-    allowed = [r.breaker.allows(now) for r in replicas]
+    limit = completion_limit(ctx.body)
+    allowed = [r.breaker.allows(now) and fits_context(r, ctx.model, limit) for r in replicas]
     key = affinity_key(g.routing, ctx.body, ctx.session, g.prefix_chars) if g.routing != "least_load" else None
     request = RouteRequest(ctx.model, ctx.tenant.id, key, ctx.session or ctx.request_id)
     ranked = rank_replicas(replicas, request, ctx.policy, allowed=allowed)

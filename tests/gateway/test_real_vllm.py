@@ -331,6 +331,11 @@ def test_killed_replica_ends_its_stream_and_requests_fail_over(
             tenants=[tenant("alpha", speculation={"enabled": False, "reason": "prefer the off pool"}), tenant("beta")],
             breaker_failures=2,
             max_continuations=0,  # the in-band end; test_real_vllm_continuation.py has it continued
+            # The kill is seen by the broken connection and the breaker. The wedge watchdog (3 s
+            # unanswered by default) once ejected the live victim under a loaded full run, 9 s into
+            # the test: the 60,000-token stream then failed over to the ngram replica, whose context
+            # (4,096) cannot hold it, and got that replica's 400.
+            wedge_after_s=30.0,
         )
         c = client(gw.v1(), KEYS["alpha"])
         model = victim.model

@@ -235,6 +235,30 @@ def test_route_marks_when_traced_and_503_when_nothing_is_routable():
     assert untraced.candidates is None and untraced.t_route_start_ns == 0
 
 
+def test_route_skips_replicas_whose_context_cannot_hold_the_completion_limit():
+    """A limit the longest context admits routes (and so fails over) only to replicas that can take
+    it: failing over to a shorter one came back with that replica's 400 (a loaded full run)."""
+    state = make_state()
+    a, b = state.replica_list
+    a.context_lengths, b.context_lengths = {"m": 60_064}, {"m": 4096}
+    for limit, expected in ((60_000, ["a"]), (4096, ["a", "b"]), (None, ["a", "b"])):
+        body = {**CHAT, "max_tokens": limit} if limit is not None else dict(CHAT)
+        ctx = make_ctx(tenant=TENANT, model="m", body=body, replicas=state.replica_list)
+        assert sorted(r.name for r in route(state, ctx)) == expected, limit
+    ctx = make_ctx(tenant=TENANT, model="m", body={**CHAT, "max_completion_tokens": 5000, "max_tokens": 10},
+                   replicas=state.replica_list)
+    assert [r.name for r in route(state, ctx)] == ["a"]
+    b.context_lengths = {}  # no card length: the replica judges
+    ctx = make_ctx(tenant=TENANT, model="m", body={**CHAT, "max_tokens": 60_000}, replicas=state.replica_list)
+    assert sorted(r.name for r in route(state, ctx)) == ["a", "b"]
+    a.healthy = False  # the one that fits is out of rotation: nothing to route to, not another's 400
+    b.context_lengths = {"m": 4096}
+    ctx = make_ctx(tenant=TENANT, model="m", body={**CHAT, "max_tokens": 60_000}, replicas=state.replica_list)
+    with pytest.raises(GatewayError) as exc:
+        route(state, ctx)
+    assert (exc.value.status, exc.value.code) == (503, "no_healthy_replica")
+
+
 # -- relay: the in-flight guard --------------------------------------------
 def test_inflight_guard_under_an_exception():
     replica = SimpleNamespace(open_attempts=0)
