@@ -192,8 +192,12 @@ def test_a_timeout_before_the_first_byte_fails_over(start_backend, start_gateway
 def _wedge_gateway(start_backend, start_gateway, **settings):
     a = start_backend(name="a")
     b = start_backend(name="b")
+    # connect_timeout_s 10 (default 2): the fake backends serve from threads of this process, and in a
+    # loaded full run `b` once took over 2 s to accept the failed-over request, which then had nowhere
+    # left to go (a 503); these tests are about the wedge path, not connect timeouts.
     gw = start_gateway(
-        [{"url": a.url, "name": "a"}, {"url": b.url, "name": "b"}], wedge_after_s=0.5, metrics_interval_s=0.1, health_interval_s=0.2, **settings
+        [{"url": a.url, "name": "a"}, {"url": b.url, "name": "b"}], wedge_after_s=0.5, metrics_interval_s=0.1, health_interval_s=0.2,
+        **{"connect_timeout_s": 10.0, **settings},
     )
     return a, b, gw
 
