@@ -57,6 +57,21 @@ def continued(gw) -> float:
     return 0.0
 
 
+def continued_stream(gw, path: str, body: dict, cut: CutProxy) -> tuple[str, list[dict]]:
+    """Stream `body` as tenant alpha through the gateway, whose first replica `cut` breaks: (the
+    replica that answered first, the events before `[DONE]`), checked to be one whole stream --
+    broken once, one `[DONE]`, no error event."""
+    with httpx.stream("POST", gw.url + path, json=body, headers={"authorization": f"Bearer {KEYS['alpha']}"},
+                      timeout=120) as r:
+        replica = r.headers["x-specgate-replica"]
+        data = sse_data(r)
+    assert cut.holding.is_set()
+    assert data[-1] == "[DONE]" and data.count("[DONE]") == 1
+    events = [json.loads(d) for d in data[:-1]]
+    assert not any("error" in e for e in events)
+    return replica, events
+
+
 @pytest.fixture
 def cut_plain(vllm_plain_server):
     port = int(vllm_plain_server.url.rsplit(":", 1)[1])
@@ -112,14 +127,8 @@ def test_broken_stream_continues_exactly(start_gateway, vllm_ngram_server, vllm_
     body = {**ask, "stream": True}
     if include_usage:
         body["stream_options"] = {"include_usage": True}
-    with httpx.stream("POST", gw.url + path, json=body, headers={"authorization": f"Bearer {KEYS['alpha']}"},
-                      timeout=120) as r:
-        assert r.headers["x-specgate-replica"] == "victim"
-        data = sse_data(r)
-    assert cut_plain.holding.is_set()
-    assert data[-1] == "[DONE]" and data.count("[DONE]") == 1
-    events = [json.loads(d) for d in data[:-1]]
-    assert not any("error" in e for e in events)
+    replica, events = continued_stream(gw, path, body, cut_plain)
+    assert replica == "victim"
     choices = [e["choices"][0] for e in events if e["choices"]]
     if endpoint == "chat":
         text = "".join(c["delta"].get("content") or "" for c in choices)
@@ -281,13 +290,7 @@ def test_a_break_inside_a_character_continues_exactly(start_gateway, vllm_ngram_
     breaks = []
     for run in range(5):
         cut_plain.arm(k)
-        with httpx.stream("POST", gw.url + path, json={**ask, "stream": True},
-                          headers={"authorization": f"Bearer {KEYS['alpha']}"}, timeout=120) as r:
-            data = sse_data(r)
-        assert cut_plain.holding.is_set()
-        assert data[-1] == "[DONE]" and data.count("[DONE]") == 1
-        events = [json.loads(d) for d in data[:-1]]
-        assert not any("error" in e for e in events)
+        _, events = continued_stream(gw, path, {**ask, "stream": True}, cut_plain)
         choices = [e["choices"][0] for e in events if e["choices"]]
         text = "".join((c["delta"].get("content") or "") if chat else c["text"] for c in choices)
         assert text == expected
