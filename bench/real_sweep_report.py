@@ -567,7 +567,8 @@ def report_steps(runs: list[dict]) -> str:
     if not fits:
         out.append("fitted: the controller published no step_cost in /admin/replicas (learner not there yet)")
     rows = []
-    for r in step_rows(runs):
+    measured = step_rows(runs)
+    for r in measured:
         rows.append([
             r["policy"], str(r["rep"]), r["phase"], r["replica"], f"{r['N']:.1f}", f"{r['t_ms']:.1f}",
             "-" if r["fitted_t_ms"] is None else f"{r['fitted_t_ms']:.1f}",
@@ -579,11 +580,11 @@ def report_steps(runs: list[dict]) -> str:
         ])  # fmt: skip
     out.append(table(["policy", "rep", "phase", "replica", "N tok/step", "t ms", "fitted t(N)", "err", "engine-timed ms",
                       "learned at cells", "err", "B req/step", "accept"], rows))
-    errors = [abs(r["learned_err"]) for r in step_rows(runs) if r["learned_err"] is not None]
+    errors = [abs(r["learned_err"]) for r in measured if r["learned_err"] is not None]
     if errors:
         out.append(f"learned vs engine-timed, median |err| over {len(errors)} windows: {statistics.median(errors):.1%} "
                    f"(issue 30 item 4: within 10 %)")
-    if any(r["suspect"] for r in step_rows(runs)):
+    if any(r["suspect"] for r in measured):
         out.append("! requests per step add up to > 1.5x the phase's concurrency: vLLM counted fewer steps than ran (t, N too large)")
     return "\n".join(out)
 
