@@ -111,6 +111,7 @@ from real_sweep_stack import (  # noqa: E402
     admin_get,
     ensure_model,
     gateway_config,
+    replica_dtype,
     replica_profile,
     set_nice,
 )
@@ -358,7 +359,8 @@ def run_plan(plan: list[Step], args: argparse.Namespace, log_dir: Path, out: Pat
     model = ensure_model()
     print(f"[real_sweep] model {model}", flush=True)
     redis = RedisHandle(log_dir, args.redis_url)
-    pair = ReplicaPair(model, log_dir, args.bind, max_num_seqs=args.max_num_seqs, frontend_nice=args.nice)
+    pair = ReplicaPair(model, log_dir, args.bind, max_num_seqs=args.max_num_seqs, frontend_nice=args.nice,
+                       dtype=replica_dtype(args.dtype))  # fmt: skip
     runs: list[dict] = []
     table_b = args.grid[0] if len(args.grid) == 1 else None
     try:
@@ -369,7 +371,7 @@ def run_plan(plan: list[Step], args: argparse.Namespace, log_dir: Path, out: Pat
             launch = launch_for(step, args.k_table_mode, table_b)
             booted = pair.ensure(launch)
             if booted:
-                print(f"[real_sweep] replicas {launch.label} ready in {booted:.0f}s: {', '.join(pair.urls)}", flush=True)
+                print(f"[real_sweep] replicas {launch.label} ({pair.dtype}) ready in {booted:.0f}s: {', '.join(pair.urls)}", flush=True)
                 engine_fixes = check_bed(pair.urls, launch, args.allow_broken_engine)
                 asyncio.run(warm_up(pair.urls))
             replicas = {f"r{j}": url for j, url in enumerate(pair.urls)}
@@ -443,6 +445,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--nice", type=int, default=-5,
                     help="priority of the front ends: the gateway, the load client (during traces) and each vLLM server's "
                          "API-server and engine-core processes; the model workers stay at 0. 0 = all at 0")  # fmt: skip
+    ap.add_argument("--dtype", default="auto",
+                    help="the replicas' dtype: auto (bfloat16 where the CPU has native bf16, else float32), bfloat16, float32")  # fmt: skip
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--max-num-seqs", type=int, default=128, help="per replica")
     ap.add_argument("--no-plain", action="store_true", help="skip the no-speculation reference")

@@ -47,7 +47,9 @@ from real_sweep_stack import SERVED_MODEL, TENANTS, admin_get, api_key, scrape_r
 
 from testbed.phases import Phase  # a closed-loop phase: `concurrency` in total, split evenly between the tenants
 
-TEMPERATURE = {"greedy": 0.0, "temp1": 1.0}
+# `greedy2` (bench/real_ab.py's similar-acceptance scenario): a second greedy tenant,
+# so two tenants share one acceptance and per-tenant knowledge gives nothing.
+TEMPERATURE = {"greedy": 0.0, "temp1": 1.0, "greedy2": 0.0}
 _WORDS = (
     "the a gateway replica token draft verify accept reject speculation tenant budget request response stream "
     "chunk model server latency queue batch cache prefix policy controller router metric counter window limit "
@@ -113,11 +115,12 @@ class ClosedLoop:
         self.rng = random.Random(seed)
         self.tenants = tenants  # those sending load (all, or one measured alone)
         self.samples: list[Sample] = []
-        self.streamed: dict[str, int] = {t: 0 for t in TENANTS}  # running token count per tenant
+        known = (*TENANTS, *(t for t in tenants if t not in TENANTS))
+        self.streamed: dict[str, int] = {t: 0 for t in known}  # running token count per tenant
         self.errors: dict[str, int] = {}
         self.error_examples: dict[str, str] = {}  # kind -> the first message seen
         self.error_times: list[tuple[float, str]] = []  # (wall clock, kind), the first 200
-        self.workers: dict[str, list[asyncio.Task]] = {t: [] for t in TENANTS}
+        self.workers: dict[str, list[asyncio.Task]] = {t: [] for t in known}
 
     def set_concurrency(self, total: int) -> None:
         """Grow or shrink each sending tenant's worker pool to its share of total (surplus workers are cancelled)."""
@@ -134,7 +137,7 @@ class ClosedLoop:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        self.workers = {t: [] for t in TENANTS}
+        self.workers = {t: [] for t in self.workers}
 
     async def _worker(self, tenant: str) -> None:
         length = self.rng.randint(1, self.max_tokens)  # the first request de-phases the worker
@@ -250,7 +253,7 @@ async def run_trace(
                 last = await _scrape_all(side, replica_urls)
                 window = PhaseWindow(phase, start, measure_start, end)
                 window.scrapes = {n: (first[n], last[n]) for n in replica_urls}
-                window.streamed = {t: streamed1[t] - streamed0[t] for t in TENANTS}
+                window.streamed = {t: streamed1[t] - streamed0[t] for t in streamed1}
                 windows.append(window)
         finally:
             await loop.stop()

