@@ -52,8 +52,12 @@ class LocalBudget:
         self._ledger: dict[str, deque[list[int]]] = {}
         # the same, admitted through the shared store (see the module docstring)
         self._shared: dict[str, deque[list[int]]] = {}
-        self._seeded_to = 0  # seconds up to which `_shared` is already in the local windows
-        self._unseeded = False  # `_shared` has entries not yet in the local windows
+        # what `_shared` gained since the local windows were last seeded with it. A ledger
+        # of its own, not a "seeded up to second S" mark: an admission noted in the same
+        # second as a seed, after it, would fall behind such a mark and never be seeded
+        # (a store blip, then more admissions through the store in that second, then an
+        # outage: one request more than the share was admitted).
+        self._unseeded: dict[str, deque[list[int]]] = {}
 
     async def decide(self, tenant_id: str, rpm: int, tpm: int, tokens: int, instances: int) -> WindowDecision:
         """Admit or deny one request against this instance's share.
@@ -77,16 +81,16 @@ class LocalBudget:
     def note(self, tenant_id: str, requests: int, tokens: int) -> None:
         """The shared store admitted this (a request, or a lease's slice):
         remembered for the rest of the window, in case the store loses it."""
-        _count_into(self._shared, int(self._clock()), self.window_s, tenant_id, requests, tokens)
-        self._unseeded = True
+        second = int(self._clock())
+        _count_into(self._shared, second, self.window_s, tenant_id, requests, tokens)
+        _count_into(self._unseeded, second, self.window_s, tenant_id, requests, tokens)
 
     async def _seed(self) -> None:
-        """Put what the shared store admitted since the last seed into the
-        local windows, so an outage's share counts what came before it."""
+        """Put what the shared store admitted since the last seed (within the
+        window) into the local windows, so an outage's share counts what came before it."""
         now = int(self._clock())
-        since, self._seeded_to = self._seeded_to, now + 1
-        self._unseeded = False
-        for tenant_id, (r, t) in _sums(self._shared, max(since, now - self.window_s), now).items():
+        pending, self._unseeded = self._unseeded, {}
+        for tenant_id, (r, t) in _sums(pending, now - self.window_s, now).items():
             await self._windows.adjust_window(tenant_id, {"requests": r, "tokens": t}, self.window_s)
 
     def _count(self, tenant_id: str, requests: int, tokens: int) -> None:

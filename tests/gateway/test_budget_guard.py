@@ -264,6 +264,23 @@ async def test_local_ledger_forgets_admissions_older_than_a_window():
     assert local.take() == {"t": {"requests": 1, "tokens": 0}}
 
 
+async def test_admissions_through_the_store_in_the_second_of_a_seed_still_count_in_the_next_outage():
+    """A store blip (one request admitted locally: the seed runs), then more admitted through
+    the store within the same second, then an outage: the local window holds all of them,
+    so the share is not handed out again (CI saw 9 admitted of a share of 8 left)."""
+    clock = [1000.2]
+    local = LocalBudget(3600, clock=lambda: clock[0])
+    for _ in range(3):
+        local.note("t", 1, 0)
+    assert (await local.decide("t", 20, 0, 0, 1)).allowed  # the blip: seeds the 3, counts 1
+    clock[0] = 1000.7  # the same second
+    for _ in range(8):
+        local.note("t", 1, 0)  # the store is back
+    clock[0] = 1001.5  # the outage
+    admitted = [(await local.decide("t", 20, 0, 0, 1)).allowed for _ in range(15)]
+    assert admitted.count(True) == 20 - 12
+
+
 # -- x-ratelimit headers -------------------------------------------------------
 def test_format_reset_matches_openai():
     assert [format_reset(s) for s in (0, 0.02, 1, 1.5, 59.9994, 360, 90.5, 3723)] == [
