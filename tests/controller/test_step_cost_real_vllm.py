@@ -50,7 +50,7 @@ from tests.vllm_support.fixtures import (  # noqa: F401
     vllm_available,
     vllm_log_dir,
 )
-from testbed.vllm_server import VllmServerSpec, ngram_speculation
+from testbed.vllm_server import VllmServerSpec, cpu_dtype, ngram_speculation
 
 # `timing`: it measures engine step times, so scripts/test.sh runs it alone, before the
 # parallel suite (the other workers' bursts moved its windows by up to 40 %).
@@ -73,7 +73,7 @@ PROMPTS = ["one two three one two three one two", "the cat sat on the mat the ca
 def mid_ngram_server(mid_model_dir, vllm_log_dir):  # noqa: F811
     spec = VllmServerSpec(
         model_dir=str(mid_model_dir), name="mid-ngram", served_model_name="mid-qwen3",
-        speculative_config=ngram_speculation(k=8, lookup_max=4, lookup_min=1), dtype="bfloat16",
+        speculative_config=ngram_speculation(k=8, lookup_max=4, lookup_min=1), dtype=cpu_dtype(),
         max_model_len=512, max_num_seqs=64, extra_args=["--enable-logging-iteration-details"],
     )
     yield shared_server("mid-ngram", spec, vllm_log_dir)
