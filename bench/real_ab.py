@@ -96,7 +96,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository: 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import real_ab_report as report  # noqa: E402
-from real_sweep import BrokenEngine, check_bed, warm_up  # noqa: E402
+from real_sweep import BrokenEngine, _raise_interrupt, check_bed, warm_up  # noqa: E402
 from real_sweep_load import run_trace  # noqa: E402
 from real_sweep_stack import (  # noqa: E402
     REPO,
@@ -437,10 +437,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.ramp_steps = args.ramp_steps or (9 if quick else 21)
     args.ramp_step_s = args.ramp_step_s or (7.0 if quick else 9.0)
     return args
-
-
-def _raise_interrupt(signum, frame):  # noqa: ARG001
-    raise KeyboardInterrupt(f"signal {signum}")
 
 
 def main(argv: list[str] | None = None) -> int:
