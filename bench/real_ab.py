@@ -21,6 +21,13 @@ replicas given identical load, and repeated with the sides swapped:
   evenly between the scenario's tenants), through the scenario's trace;
 * the blocks of a comparison come in pairs with the sides swapped, pairs repeated
   `--pairs` times, baselines interleaved (order reversed every other round);
+* the controller is measured as deployed, not while it first learns: per scenario,
+  one controller gateway per replica, warmed by one unmeasured pass of the
+  scenario's trace through both at once, kept across the scenario's blocks (the
+  one a block does not use is paused with SIGSTOP: no CPU, no scrapes of the
+  replica a baseline drives). The baselines are static, so a fresh gateway per
+  block costs them nothing. `--cold` starts a fresh controller per block instead
+  (the first full run's design, which measured its first minute every time);
 * testbed/crossover.py fits log(controller / baseline) per block with one ratio
   per baseline and one replica effect, and gives each ratio a 95 % interval
   (Student's t on the pooled residual). Client-side tok/s (tokens streamed inside
@@ -43,7 +50,8 @@ replica, i.e. per side):
 
 Policies (every one a gateway config on the same replicas):
 
-* `controller`: `--embedded-controller` (tick 1 s), no static tenant policy;
+* `controller`: `--embedded-controller` (tick 1 s), no static tenant policy, kept
+  and warmed as above (fresh per block with `--cold`);
 * `always-on`: no knobs, stock ngram K=8; `always-off`: every tenant
   `speculation: {enabled: false}` (capped at 0 drafts per step);
 * `k-table`: vLLM's batch-size -> K table through the plugin: every tenant
@@ -120,6 +128,7 @@ CONTROLLER = "controller"
 BASELINES = ("always-on", "always-off", "k-table", "hand-set")
 BLOCK_OVERHEAD_S = 12.0  # two gateways started, healthy, stopped; the controller side's admin reads
 BOOT_ESTIMATE_S = 60.0
+WARM_UP_SEED = 10_000  # the warm-up passes' prompt streams differ from every block's (seed + block index)
 
 
 @dataclass(frozen=True)
@@ -210,7 +219,8 @@ def block_seconds(scenario: Scenario) -> float:
 
 
 def print_plan(plan: list[BlockPlan], by_name: dict[str, Scenario], args: argparse.Namespace) -> None:
-    print(f"[real_ab] plan ({'quick' if args.quick else 'full'}; k-table B<={args.table_b} via the plugin; "
+    controller = "fresh gateways per block" if args.cold else "kept per scenario, warmed on one pass of its trace"
+    print(f"[real_ab] plan ({'quick' if args.quick else 'full'}; the controller {controller}; k-table B<={args.table_b} via the plugin; "
           f"TPOT target {args.tpot_target_ms:.0f} ms):")  # fmt: skip
     for name in dict.fromkeys(b.scenario for b in plan):
         sc = by_name[name]
@@ -223,6 +233,8 @@ def print_plan(plan: list[BlockPlan], by_name: dict[str, Scenario], args: argpar
         print(f"  {name}: tenants {', '.join(sc.tenants)}; {segs}; baselines {', '.join(sc.baselines)}; "
               f"{n} blocks of ~{block_seconds(sc):.0f}s")  # fmt: skip
     seconds = BOOT_ESTIMATE_S + sum(block_seconds(by_name[b.scenario]) for b in plan)
+    if not args.cold:  # one warm-up pass per scenario
+        seconds += sum(block_seconds(by_name[name]) for name in dict.fromkeys(b.scenario for b in plan))
     print(f"[real_ab] ETA ~{seconds / 60:.0f} min, finishing ~{time.strftime('%H:%M', time.localtime(time.time() + seconds))}",
           flush=True)  # fmt: skip
 
@@ -255,18 +267,18 @@ async def controller_record(gateway_url: str, policy_samples: list[dict]) -> dic
         }
 
 
-async def drive_block(gateways: dict[str, Gateway], urls: list[str], policies: list[str], scenario: Scenario,
+async def drive_block(gateways: list[Gateway], urls: list[str], policies: list[str], scenario: Scenario,
                       args: argparse.Namespace, seed: int) -> list[dict]:  # fmt: skip
     """Both sides' traces at once (the same seed: the same prompt stream), then the
-    controller side's decisions; one record per side."""
+    controller side's decisions; one record per side (gateways[i] drives replica i)."""
     traces = await asyncio.gather(*(
-        run_trace(gateways[p].url, {f"r{i}": urls[i]}, scenario.phases, args.max_tokens, seed,
+        run_trace(gateways[i].url, {f"r{i}": urls[i]}, scenario.phases, args.max_tokens, seed,
                   sample_policies_s=args.tick if p == CONTROLLER else None, tenants=scenario.tenants)
         for i, p in enumerate(policies)
     ))  # fmt: skip
     sides = []
     for i, (policy, trace) in enumerate(zip(policies, traces)):
-        admin = await controller_record(gateways[policy].url, trace.policy_samples) if policy == CONTROLLER else None
+        admin = await controller_record(gateways[i].url, trace.policy_samples) if policy == CONTROLLER else None
         sides.append({
             "policy": policy, "replica": f"r{i}",
             "segments": report.segments_of(trace, scenario, args.tpot_target_ms),
@@ -295,37 +307,112 @@ def check_tenants(gateway: Gateway, tenants: tuple[str, ...]) -> None:
         raise RuntimeError(f"gateway {gateway.run} knows tenants {sorted(known)}, not {list(tenants)}; config {gateway.config_path}")
 
 
-def run_block(block: BlockPlan, scenario: Scenario, pair: ReplicaPair, redis: RedisHandle, log_dir: Path,
-              args: argparse.Namespace, index: int) -> dict:  # fmt: skip
-    policies = [CONTROLLER, block.baseline] if block.side == 1 else [block.baseline, CONTROLLER]
+def start_side(policy: str, replica: int, scenario: Scenario, pair: ReplicaPair, redis: RedisHandle, log_dir: Path,
+               args: argparse.Namespace, run: str) -> Gateway:  # fmt: skip
+    """A shipped gateway running `policy` in front of replica `replica` alone (its own Redis prefix)."""
+    every, per_tenant = side_config(policy, scenario, args.table_b)
     profile = replica_profile(args.replica_profile, LaunchConfig("ngram"))
-    gateways: dict[str, Gateway] = {}
+    config = gateway_config([pair.urls[replica]], profile, every, redis.url, redis.prefix(run), args.tick,
+                            tenants=scenario.tenants, speculation_by_tenant=per_tenant)  # fmt: skip
+    config["replicas"][0]["name"] = f"r{replica}"
+    gateway = Gateway(config, log_dir, run, controller=policy == CONTROLLER, nice=args.nice).start()
+    try:
+        check_tenants(gateway, scenario.tenants)
+    except Exception:
+        gateway.stop()
+        raise
+    return gateway
+
+
+def drive(gateways: list[Gateway], policies: list[str], scenario: Scenario, pair: ReplicaPair,
+          args: argparse.Namespace, seed: int) -> tuple[list[dict], float]:  # fmt: skip
+    """One pass of the trace through both sides at once: (side records with each gateway's
+    CPU share over the pass, the load generator's CPU share)."""
+    gateway_cpu0 = [process_cpu_s(g) for g in gateways]
+    set_nice(0, args.nice)
+    cpu0, wall0 = time.process_time(), time.monotonic()
+    try:
+        sides = asyncio.run(drive_block(gateways, pair.urls, policies, scenario, args, seed=seed))
+    finally:
+        set_nice(0, 0)
+    wall = max(time.monotonic() - wall0, 1e-9)
+    for i, side in enumerate(sides):
+        side["gateway_cpu_share"] = (process_cpu_s(gateways[i]) - gateway_cpu0[i]) / wall
+    return sides, (time.process_time() - cpu0) / wall
+
+
+class KeptControllers:
+    """The controller as deployed, not as it first learns: one controller gateway per
+    replica, started once per scenario, warmed by one unmeasured pass of the scenario's
+    trace through both at once, then kept across the scenario's blocks. The one a block
+    uses runs; the other is paused (SIGSTOP), so it neither uses CPU nor scrapes the
+    replica a baseline drives, and resumes with what it learned (its acceptance and step
+    cost decay with its half-lives over the pause, as after any idle spell).
+
+    Why: a fresh controller per block measured its first minute every time: in the first
+    full run it kept temp1 drafting on its prior through most of the light phase, where
+    the hand-set static had temp1 off from its first request (docs/benchmarks.md)."""
+
+    def __init__(self, scenario: Scenario, pair: ReplicaPair, redis: RedisHandle, log_dir: Path,
+                 args: argparse.Namespace) -> None:  # fmt: skip
+        self.scenario = scenario
+        self.gateways: list[Gateway] = []
+        try:
+            for i in range(len(pair.urls)):
+                run = f"{scenario.name}-{CONTROLLER}-kept-r{i}"
+                self.gateways.append(start_side(CONTROLLER, i, scenario, pair, redis, log_dir, args, run))
+        except Exception:
+            self.stop()
+            raise
+
+    def warm(self, pair: ReplicaPair, args: argparse.Namespace, seed: int) -> dict:
+        """The warm-up pass (both controllers at once, unmeasured); its record, for the log."""
+        sides, load_cpu = drive(self.gateways, [CONTROLLER] * len(self.gateways), self.scenario, pair, args, seed)
+        for gateway in self.gateways:
+            gateway.pause()
+        return {"scenario": self.scenario.name, "warm_up": True, "sides": sides, "load_cpu_share": load_cpu}
+
+    def stop(self) -> None:
+        for gateway in self.gateways:
+            gateway.stop()
+
+
+def run_block(block: BlockPlan, scenario: Scenario, pair: ReplicaPair, redis: RedisHandle, log_dir: Path,
+              args: argparse.Namespace, index: int, kept: KeptControllers | None = None) -> dict:  # fmt: skip
+    """One block: the controller on one side (kept and resumed, or fresh), the baseline fresh
+    on the other."""
+    policies = [CONTROLLER, block.baseline] if block.side == 1 else [block.baseline, CONTROLLER]
+    gateways: list[Gateway] = []
+    fresh: list[Gateway] = []
+    resumed: list[Gateway] = []
     try:
         for i, policy in enumerate(policies):
-            run = f"{index:03d}-{scenario.name}-{block.baseline}-side{block.side:+d}-{policy}"
-            every, per_tenant = side_config(policy, scenario, args.table_b)
-            config = gateway_config([pair.urls[i]], profile, every, redis.url, redis.prefix(run), args.tick,
-                                    tenants=scenario.tenants, speculation_by_tenant=per_tenant)  # fmt: skip
-            config["replicas"][0]["name"] = f"r{i}"
-            gateways[policy] = Gateway(config, log_dir, run, controller=policy == CONTROLLER, nice=args.nice).start()
-            check_tenants(gateways[policy], scenario.tenants)
-        set_nice(0, args.nice)
-        cpu0, wall0 = time.process_time(), time.monotonic()
-        try:
-            sides = asyncio.run(drive_block(gateways, pair.urls, policies, scenario, args, seed=args.seed + index))
-        finally:
-            set_nice(0, 0)
-        wall = max(time.monotonic() - wall0, 1e-9)
-        load_cpu = (time.process_time() - cpu0) / wall
-        for side in sides:
-            side["gateway_cpu_share"] = process_cpu_s(gateways[side["policy"]]) / wall
+            if policy == CONTROLLER and kept is not None:
+                kept.gateways[i].resume()
+                resumed.append(kept.gateways[i])
+                gateways.append(kept.gateways[i])
+            else:
+                run = f"{index:03d}-{scenario.name}-{block.baseline}-side{block.side:+d}-{policy}"
+                fresh.append(start_side(policy, i, scenario, pair, redis, log_dir, args, run))
+                gateways.append(fresh[-1])
+        sides, load_cpu = drive(gateways, policies, scenario, pair, args, seed=args.seed + index)
     finally:
-        for gateway in gateways.values():
+        for gateway in fresh:
             gateway.stop()
+        for gateway in resumed:
+            gateway.pause()
     return {
         "scenario": scenario.name, "baseline": block.baseline, "side": block.side, "round": block.round,
-        "sides": sides, "load_cpu_share": load_cpu,
+        "sides": sides, "load_cpu_share": load_cpu, "warm_controller": kept is not None,
     }  # fmt: skip
+
+
+def warm_up_line(rec: dict) -> str:
+    sides = " | ".join(
+        f"{side['policy']}@{side['replica']}: " + ", ".join(f"{n} {seg['tok_s']:.0f}" for n, seg in side["segments"].items())
+        for side in rec["sides"]
+    )  # fmt: skip
+    return f"[real_ab] {rec['scenario']}: the kept controllers warmed on one pass of the trace (unmeasured): {sides}"
 
 
 def one_line(rec: dict) -> str:
@@ -350,6 +437,8 @@ def run_plan(plan: list[BlockPlan], by_name: dict[str, Scenario], args: argparse
     pair = ReplicaPair(model, log_dir, args.bind, max_num_seqs=args.max_num_seqs, frontend_nice=args.nice,
                        dtype=cpu_dtype(args.dtype))  # fmt: skip
     blocks: list[dict] = []
+    warm_ups: list[dict] = []
+    kept: KeptControllers | None = None
     try:
         launch = LaunchConfig("ngram")
         booted = pair.ensure(launch)
@@ -359,20 +448,30 @@ def run_plan(plan: list[BlockPlan], by_name: dict[str, Scenario], args: argparse
         for i, block in enumerate(plan, 1):
             if not all(s.alive() for s in pair.servers):
                 raise RuntimeError("a replica died; see the log directory")
-            rec = run_block(block, by_name[block.scenario], pair, redis, log_dir, args, i)
+            scenario = by_name[block.scenario]
+            if not args.cold and (kept is None or kept.scenario is not scenario):
+                if kept is not None:
+                    kept.stop()
+                kept = KeptControllers(scenario, pair, redis, log_dir, args)
+                warm_ups.append(kept.warm(pair, args, seed=args.seed + WARM_UP_SEED + len(warm_ups)))
+                print(warm_up_line(warm_ups[-1]), flush=True)
+            rec = run_block(block, scenario, pair, redis, log_dir, args, i, kept)
             blocks.append({**rec, "engine_fixes": fixes})
             print(f"{one_line(blocks[-1])} [{i}/{len(plan)}]", flush=True)
-            save(out, args, blocks, None)
+            save(out, args, blocks, None, warm_ups)
     finally:
+        if kept is not None:
+            kept.stop()
         pair.stop()
         redis.close()
-    return blocks
+    return blocks, warm_ups
 
 
-def save(out: Path, args: argparse.Namespace, blocks: list[dict], summary: dict | None) -> None:
+def save(out: Path, args: argparse.Namespace, blocks: list[dict], summary: dict | None, warm_ups: list[dict]) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"args": vars(args), "blocks": blocks, "summary": summary}, indent=1, default=_jsonable))
+    body = {"args": vars(args), "blocks": blocks, "warm_ups": warm_ups, "summary": summary}
+    tmp.write_text(json.dumps(body, indent=1, default=_jsonable))
     tmp.replace(out)
 
 
@@ -409,6 +508,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--tpot-target-ms", type=float, default=150.0, help="goodput: requests whose TPOT is at most this")
     ap.add_argument("--bind", choices=["cores", "nobind"], default="cores", help="pin replica i to core i")
     ap.add_argument("--replica-profile", default="auto", help="profile label of the replicas (as real_sweep.py)")
+    ap.add_argument("--cold", action="store_true",
+                    help="a fresh controller gateway per block (the first run's design) instead of kept, warmed ones")  # fmt: skip
     ap.add_argument("--tick", type=float, default=1.0, help="controller tick_s")
     ap.add_argument("--nice", type=int, default=-5, help="priority of the gateways, the load client and the vLLM front ends")
     ap.add_argument("--dtype", default="auto",
@@ -464,7 +565,7 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(sig, _raise_interrupt)
     started = time.monotonic()
     try:
-        blocks = run_plan(plan, by_name, args, log_dir, out)
+        blocks, warm_ups = run_plan(plan, by_name, args, log_dir, out)
     except KeyboardInterrupt:
         print("[real_ab] interrupted: every process stopped", file=sys.stderr)
         return 130
@@ -472,7 +573,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[real_ab] stopped: {exc}", file=sys.stderr)
         return 2
     summary = report.print_report(blocks, args.tpot_target_ms)
-    save(out, args, blocks, summary)
+    save(out, args, blocks, summary, warm_ups)
     print(f"\n[real_ab] done in {(time.monotonic() - started) / 60:.1f} min; result {out}; logs {log_dir}")
     return 0
 

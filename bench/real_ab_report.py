@@ -163,6 +163,8 @@ def summarize(blocks: list[dict], tpot_target_ms: float) -> dict:
         tenants = list(next(iter(first["segments"].values()))["tenants"]) if segments else []
         baselines = list(dict.fromkeys(b["baseline"] for b in mine))
         entry: dict[str, Any] = {"baselines": baselines, "segments": {}, "load_cpu_share": _median([b["load_cpu_share"] for b in mine])}
+        # Results saved before the kept controllers existed have no flag: their controller was fresh per block.
+        entry["warm_controller"] = all(b.get("warm_controller", False) for b in mine)
         entry["gateway_cpu_share"] = {
             p: _median([s.get("gateway_cpu_share") for b in mine for s in b["sides"] if s["policy"] == p])
             for p in [CONTROLLER, *baselines]
@@ -239,7 +241,8 @@ def report_scenario(name: str, entry: dict) -> str:
     for seg, data in entry["segments"].items():
         fig = data["figures"]
         tenants = list(next(iter(fig.values()))["tenants"])
-        out.append(f"-- {name} / {seg}: median over blocks")
+        out.append(f"-- {name} / {seg}: median over blocks (the controller "
+                   f"{'kept and warmed' if entry.get('warm_controller') else 'fresh per block'})")  # fmt: skip
         rows = []
         for policy, f in fig.items():
             per = [f"{_f(f['tenants'][t]['tok_s'])} / {_f(f['tenants'][t]['tpot_p50_ms'])} / {_f(f['tenants'][t]['tpot_p99_ms'])}"

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -29,7 +30,7 @@ sys.path.insert(0, str(REPO))
 
 from contract.profiles import is_profile_label  # noqa: E402
 from contract.vllm_metrics import parse_vllm_metrics  # noqa: E402
-from testbed.procs import descendants, free_port, spawn, stop_tree  # noqa: E402
+from testbed.procs import descendants, free_port, signal_group, spawn, stop_tree  # noqa: E402
 from testbed.vllm_server import (  # noqa: E402
     VllmServer,
     VllmServerSpec,
@@ -362,8 +363,21 @@ class Gateway:
     def log_tail(self, lines: int = 30) -> str:
         return log_tail(self.log_path, lines)
 
+    def pause(self) -> None:
+        """SIGSTOP the gateway: a controller kept across blocks neither scrapes nor ticks
+        nor uses CPU while another gateway drives its replica, and keeps what it learned."""
+        if self.proc is not None:
+            signal_group(self.proc, signal.SIGSTOP)
+
+    def resume(self, timeout_s: float = 30.0) -> None:
+        """SIGCONT, then wait until the gateway's own health loop sees its replica again."""
+        if self.proc is not None:
+            signal_group(self.proc, signal.SIGCONT)
+            self._wait_ready(timeout_s)
+
     def stop(self) -> None:
         if self.proc is not None:
+            signal_group(self.proc, signal.SIGCONT, only_if_exists=True)  # a paused one cannot take SIGTERM
             stop_tree(self.proc, 10)
             self.proc = None
 
