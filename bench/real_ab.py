@@ -263,6 +263,8 @@ async def controller_record(gateway_url: str, policy_samples: list[dict]) -> dic
             # The admin API gives ISO-8601 times; the report does arithmetic on epoch seconds.
             "decisions": [{**d, "at": at_seconds(d["at"])} for d in decisions.get("data", [])],
             "tenants": await admin_get(client, gateway_url, "/admin/tenants"),
+            # Per replica the controller's view: regime, learned step cost (binned points and curve).
+            "replicas": await admin_get(client, gateway_url, "/admin/replicas"),
             "policy_samples": policy_samples,
         }
 

@@ -20,7 +20,7 @@ from .costs import ReplicaCost
 from .decision import FULL, Carried, Decision, DecisionConfig, TenantState, decide
 from .decision.probe import drafts
 from .decision.views import method_of
-from .estimators import ReplicaEstimator, TenantEstimator, capped_request_steps, replica_views
+from .estimators import ReplicaEstimator, TenantEstimator, cap_reach_steps, capped_request_steps, replica_views
 from .signals import ReplicaDeltaTracker, TelemetryDeltaTracker
 
 
@@ -64,7 +64,7 @@ class ControlCore:
         if sample is not None:
             self.replicas.update(sample, self.tenants.context_tokens(), self.tenants.prompt_tokens())
             if sample.engine_steps:
-                self._observe_capped(name, method_of(est.profile), sample.engine_steps)
+                self._observe_capped(name, method_of(est.profile), sample.engine_steps, est.block)
         else:
             est.healthy = True
             est.supports_knobs = snap.supports_knobs
@@ -72,11 +72,13 @@ class ControlCore:
             if est.samples == 0:
                 est.batch = snap.num_requests_running
 
-    def _observe_capped(self, name: str, method: str, cells) -> None:
+    def _observe_capped(self, name: str, method: str, cells, block: int) -> None:
         """Per tenant on replica `name`, the interval's request-steps its
         policy in force capped at 0 (the probe's arm while it explores: those
-        are its drafting requests), weighted by its share of the replica: the
-        proposal rate leaves them out (`TenantEstimator.method_proposal`)."""
+        are its drafting requests), and those whose cap allowed each draft
+        position, weighted by its share of the replica: the proposal rate
+        leaves the first out, the fill and the survival are read against the
+        second (`TenantEstimator.method_proposal`)."""
         if method == "off":
             return
         mix = self.tenants.replica_mix().get(name, {})
@@ -87,7 +89,8 @@ class ControlCore:
             arm = policy.probe_arm() if policy.probe is not None and not drafts(policy) else policy
             capped, counted = capped_request_steps(cells, arm.cap_at)
             if counted > 0:
-                self.tenants.observe_capped(tenant, method, share * capped, share * counted)
+                reach = [share * v for v in cap_reach_steps(cells, arm.cap_at, block)]
+                self.tenants.observe_capped(tenant, method, share * capped, share * counted, reach)
 
     def observe_telemetry(self, counters: list[TelemetryCounters], dt_s: float) -> None:
         self.tenants.decay(dt_s)

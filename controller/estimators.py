@@ -65,6 +65,29 @@ def capped_request_steps(cells: Mapping[StepCellKey, StepCell], cap: Callable[[i
     return capped, total
 
 
+def cap_reach_steps(cells: Mapping[StepCellKey, StepCell], cap: Callable[[int], int | None], block: int,
+                    positions: int = SURVIVAL_POSITIONS) -> list[float]:
+    """[i-1] = the request-steps of one interval's engine-timed cells whose cap
+    (`cap` at the cell's mean batch; None = the replica's `block`) allowed draft
+    position i, i = 1..positions. Why: a schedule caps a request below its
+    allowance in steps of a larger batch (greedy's [[1, 8], [4, 4], [512, 2]]
+    caps it at 2 above four requests), and its telemetry cannot tell such a
+    step from a short proposal: measured there, the fill of a cap-8 allowance
+    reads ~0.3 and position 3's survival ~0.06, so the model priced a 2-token
+    draft at a third of the tokens it verifies and longer drafts as worthless,
+    and kept drafting 2 where that lost (`TenantEstimator.method_proposal`
+    corrects both with these counts)."""
+    out = [0.0] * positions
+    for cell in cells.values():
+        if cell.steps <= 0 or cell.requests <= 0:
+            continue
+        c = cap(max(1, round(cell.requests / cell.steps)))
+        allowed = min(block if c is None else c, positions)
+        for i in range(max(allowed, 0)):
+            out[i] += cell.requests
+    return out
+
+
 def _decay(half_life_s: float, dt_s: float) -> float:
     return 0.5 ** (max(dt_s, 0.0) / half_life_s) if half_life_s > 0 else 0.0
 
@@ -210,6 +233,9 @@ class _TenantSums:
     # them, weighted by its share there (`capped_request_steps`): decode steps that could not propose.
     capped_weight: float = 0.0
     counted_weight: float = 0.0
+    # [i-1]: of those request-steps, the ones whose cap allowed draft position i, weighted alike
+    # (`cap_reach_steps`); [0] are those it could draft in at all.
+    cap_reach: list[float] = field(default_factory=lambda: [0.0] * SURVIVAL_POSITIONS)
     proposal_drafted: float = 0.0
     proposal_full: float = 0.0
     # Per draft position i (index i-1): proposal steps that reached it and those accepted there.
@@ -222,6 +248,14 @@ class _TenantSums:
             setattr(self, name, getattr(self, name) * d)
         self.reach = [v * d for v in self.reach]
         self.survived = [v * d for v in self.survived]
+        self.cap_reach = [v * d for v in self.cap_reach]
+
+    def cap_shares(self) -> list[float] | None:
+        """[i-1] = the share of the request-steps it could draft in whose cap allowed
+        position i (1 at position 1); None without engine-timed evidence."""
+        if self.cap_reach[0] <= 0:
+            return None
+        return [v / self.cap_reach[0] for v in self.cap_reach]
 
     def add(self, smp: TenantSample, verify_ratio: float) -> None:
         self.steps += smp.get("num_spec_steps")
@@ -238,6 +272,20 @@ class _TenantSums:
 
 
 _TENANT_SUM_FIELDS = tuple(f.name for f in fields(_TenantSums) if f.type in (float, "float"))
+
+
+def _cap_corrected_reach(reach: list[float], shares: list[float]) -> list[float]:
+    """Position i's reach counted only in steps whose cap allowed position i:
+    of the proposal steps that accepted i-1 drafts, a share shares[i-1] /
+    shares[i-2] had a cap of i or more (the rest stopped at i-1 by the cap,
+    not by a rejection). Assumes acceptance does not depend on the batch.
+    Position 1 is every drafting step's. A position no cap allowed keeps no
+    reach: `survival_from_counts` continues the shape measured before it."""
+    out = list(reach)
+    for i in range(1, len(reach)):
+        prev = shares[i - 1]
+        out[i] = reach[i] * min(1.0, shares[i] / prev) if prev > 0 else 0.0
+    return out
 
 
 def _shrunk(s: _TenantSums, prior: float, n0: float) -> float:
@@ -308,14 +356,19 @@ class TenantEstimator:
             s.requests += smp.get("requests")
             s.by_replica[smp.replica] = s.by_replica.get(smp.replica, 0.0) + smp.get("completion_tokens")
 
-    def observe_capped(self, tenant: str, method: str, capped: float, counted: float) -> None:
+    def observe_capped(self, tenant: str, method: str, capped: float, counted: float,
+                       cap_reach: list[float] | None = None) -> None:  # fmt: skip
         """Fold in one replica interval's request-steps where the tenant's
         policy capped it at 0 (`capped_request_steps`, weighted by its share
-        of the replica); only for tenants and methods with telemetry."""
+        of the replica) and those whose cap allowed each draft position
+        (`cap_reach_steps`, weighted alike); only for tenants and methods
+        with telemetry."""
         for s in (self.sums.get(tenant), self.method_sums.get((tenant, method))):
             if s is not None:
                 s.capped_weight += capped
                 s.counted_weight += counted
+                if cap_reach is not None:
+                    s.cap_reach = [a + b for a, b in zip(s.cap_reach, cap_reach)]
 
     def acceptance(self, tenant: str) -> tuple[float, float]:
         """(shrunk conditional acceptance, effective steps of evidence): the
@@ -354,22 +407,35 @@ class TenantEstimator:
         on are left to the prior (`GoodputModel.proposal`). Decode steps in
         which its policy capped it at 0 (`observe_capped`) are left out of
         the rate's denominator: a schedule that stops at 24 requests a step
-        would otherwise read as a tenant that rarely proposes."""
+        would otherwise read as a tenant that rarely proposes.
+
+        Steps its schedule capped below its allowance (`observe_capped`'s
+        `cap_reach`) are taken out of the fill and the survival alike: the
+        fill is drafted tokens over the caps in force (not the allowance), and
+        position i's reach counts only the share of the steps whose cap
+        allowed it (`_cap_corrected_reach`). A proposal's length under a cap
+        c is modelled as fill x c, as without a schedule."""
         out: dict[str, Proposal] = {}
         for (t, method), s in self.method_sums.items():
             if t != tenant:
                 continue
             prior = PROPOSAL_PRIOR.get(method)
             survival = None
+            shares = s.cap_shares()
             if s.reach[0] >= SURVIVAL_MIN_STEPS:
                 a = _shrunk(s, method_acceptance_prior(method), self.prior_steps)
-                survival = survival_from_counts(s.reach, s.survived, a, SURVIVAL_PSEUDO_STEPS)
+                reach = s.reach if shares is None else _cap_corrected_reach(s.reach, shares)
+                survival = survival_from_counts(reach, s.survived, a, SURVIVAL_PSEUDO_STEPS)
             if prior is not None and s.decode_steps > 0:
                 # Steps its policy capped at 0 could not propose: they are not evidence of the rate.
                 capped = s.capped_weight / s.counted_weight if s.counted_weight > 0 else 0.0
                 decode = max(s.decode_steps * (1.0 - capped), s.proposal_steps)
                 rate = (s.proposal_steps + PRIOR_DECODE_STEPS * prior.rate) / (decode + PRIOR_DECODE_STEPS)
-                fill = (s.proposal_drafted + PRIOR_FULL_TOKENS * prior.fill) / (s.proposal_full + PRIOR_FULL_TOKENS)
+                full = s.proposal_full
+                if shares is not None and s.proposal_steps > 0:
+                    # The caps in force over its proposal steps: sum_i P(cap >= i), never above the allowance.
+                    full = min(full, s.proposal_steps * sum(shares))
+                fill = (s.proposal_drafted + PRIOR_FULL_TOKENS * prior.fill) / (full + PRIOR_FULL_TOKENS)
                 out[method] = Proposal(min(1.0, rate), min(1.0, fill), survival)
             elif survival is not None:
                 out[method] = (prior or ALWAYS_PROPOSES)._replace(survival=survival)

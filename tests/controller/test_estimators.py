@@ -14,7 +14,8 @@ from controller.acceptance_fit import (
     method_proposal,
 )
 from contract.vllm_metrics import StepCell
-from controller.estimators import TenantEstimator, capped_request_steps
+from contract.telemetry import RequestSpecStats, add_increments
+from controller.estimators import TenantEstimator, cap_reach_steps, capped_request_steps
 from controller.signals import TenantSample
 
 
@@ -214,6 +215,60 @@ def test_steps_a_schedule_capped_at_zero_are_not_evidence_of_the_proposal_rate()
     # Never below the steps that did propose: a capped share over 100 % of the rest reads 1.
     est.observe_capped("greedy", "ngram", capped=10_000.0, counted=10_000.0)
     assert est.method_proposal("greedy")["ngram"].rate <= 1.0
+
+
+def test_cap_reach_steps_counts_the_positions_each_cells_cap_allowed():
+    cells = {(4, 8, 1): StepCell(steps=10, seconds=0.3, requests=30, tokens=80),  # mean batch 3
+             (32, 64, 0): StepCell(steps=5, seconds=0.5, requests=140, tokens=150),  # mean batch 28
+             (64, 64, 0): StepCell(steps=0, seconds=0.0, requests=0, tokens=0)}
+    schedule = lambda batch: 8 if batch <= 4 else 2  # noqa: E731  ([[4, 8], [512, 2]])
+    assert cap_reach_steps(cells, schedule, block=8, positions=10) == [170, 170, *[30] * 6, 0, 0]
+    assert cap_reach_steps(cells, lambda batch: None, block=4, positions=6) == [170] * 4 + [0, 0]  # uncapped: the block
+    assert cap_reach_steps(cells, lambda batch: 0, block=8, positions=3) == [0, 0, 0]
+
+
+def _capped_by_schedule(steps_by_cap: dict[int, int], q: float, allowance: int = 8):
+    """The gateway's counters (contract.telemetry.add_increments) of requests allowed
+    `allowance` drafts whose proposals always fill the cap in force and are accepted
+    position by position with probability q, run under a schedule that capped
+    `steps_by_cap[c]` of their proposal steps at c."""
+    acc: dict[str, float] = {}
+    for cap, steps in steps_by_cap.items():
+        # Accepted exactly j of c drafts: q^j (1 - q), all c with q^c.
+        histogram = [round(steps * q**j * (1 - q)) for j in range(cap)] + [round(steps * q**cap)]
+        steps = sum(histogram)
+        accepted = sum(j * n for j, n in enumerate(histogram))
+        stats = RequestSpecStats(
+            completion_tokens=steps + accepted + 1, num_spec_steps=steps, num_draft_tokens=steps * cap,
+            num_accepted_draft_tokens=accepted, draft_allowance=allowance,
+            acceptance_histogram=tuple(histogram + [0] * (allowance + 1 - len(histogram))),
+        )
+        add_increments(acc, stats)
+    return TenantSample("greedy", "ng", acc)
+
+
+def test_steps_a_schedule_capped_below_the_allowance_are_not_short_proposals():
+    """Greedy's schedule [[4, 8], [512, 2]] in a phase of ~28 requests a step: 3/4 of its
+    steps capped at 2. Its proposals fill every cap and keep position i with 0.8, but
+    read against the allowance of 8 its fill is 0.44 and position 3's survival 0.08
+    (the cap stopped them there, not a rejection): a 2-token draft priced at 0.9 of
+    the tokens it verifies, longer drafts as worthless. With the engine's cells under
+    the schedule the fill and the survival are the drafts' own."""
+    est = TenantEstimator()
+    est.update([_capped_by_schedule({2: 30_000, 8: 10_000}, 0.8)], methods={"ng": "ngram"})
+    before = est.method_proposal("greedy")["ngram"]
+    assert before.fill == pytest.approx(0.44, abs=0.01)
+    assert before.survival[2] < 0.2
+    cells = {(4, 8, 1): StepCell(steps=10, seconds=0.3, requests=30, tokens=80),  # cap 8
+             (32, 64, 0): StepCell(steps=5, seconds=0.5, requests=90, tokens=150)}  # cap 2
+    schedule = lambda batch: 8 if batch <= 4 else 2  # noqa: E731
+    capped, counted = capped_request_steps(cells, schedule)
+    est.observe_capped("greedy", "ngram", capped, counted, cap_reach_steps(cells, schedule, block=8))
+    after = est.method_proposal("greedy")["ngram"]
+    assert after.fill == pytest.approx(1.0, abs=0.03)
+    assert after.drafted(2) == pytest.approx(2 * after.rate, rel=0.03)
+    assert after.survival[:8] == pytest.approx([0.8 ** i for i in range(1, 9)], rel=0.05)
+    assert after.rate == before.rate  # no step was capped at 0
 
 
 def _arms(tenant, replica, drafting_tokens, drafting_s_per_token, plain_tokens, plain_s_per_token):
