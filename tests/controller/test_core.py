@@ -41,3 +41,13 @@ def test_an_exploring_tenant_is_counted_by_its_probe_arm():
     assert _capped_share(_core(exploring)) == pytest.approx(0.75)
     uncapped = _core(SpeculationPolicy())
     assert _capped_share(uncapped) == 0.0
+
+
+def test_a_scrape_counts_the_request_steps_whose_cap_allowed_each_draft_position():
+    """The ~10-request steps run at the schedule's 8, the ~30-request ones at 2 (an
+    uncapped policy: the replica's block, K=8 from its profile)."""
+    core = _core(SpeculationPolicy(max_draft=8, schedule=((16, 8), (64, 2))))
+    s = core.tenants.method_sums[("greedy", "ngram")]
+    assert s.cap_shares()[:9] == pytest.approx([1.0, 1.0, *[0.25] * 6, 0.0])
+    uncapped = _core(SpeculationPolicy()).tenants.method_sums[("greedy", "ngram")]
+    assert uncapped.cap_shares()[:9] == pytest.approx([1.0] * 8 + [0.0])
