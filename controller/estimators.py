@@ -56,13 +56,19 @@ def capped_request_steps(cells: Mapping[StepCellKey, StepCell], cap: Callable[[i
     step without a proposal; only the engine knows the batch of each step,
     so the share of a tenant's decode steps its policy capped is read here."""
     capped = total = 0.0
-    for cell in cells.values():
-        if cell.steps <= 0 or cell.requests <= 0:
-            continue
-        total += cell.requests
-        if cap(max(1, round(cell.requests / cell.steps))) == 0:
-            capped += cell.requests
+    for requests, c in _caps_by_cell(cells, cap):
+        total += requests
+        if c == 0:
+            capped += requests
     return capped, total
+
+
+def _caps_by_cell(cells: Mapping[StepCellKey, StepCell], cap: Callable[[int], int | None]):
+    """(request-steps, the cap `cap` gives at the cell's mean batch) of each cell that ran
+    steps: one reading of a cell's batch for every count taken from the engine's table."""
+    for cell in cells.values():
+        if cell.steps > 0 and cell.requests > 0:
+            yield cell.requests, cap(max(1, round(cell.requests / cell.steps)))
 
 
 def cap_reach_steps(cells: Mapping[StepCellKey, StepCell], cap: Callable[[int], int | None], block: int,
@@ -78,13 +84,9 @@ def cap_reach_steps(cells: Mapping[StepCellKey, StepCell], cap: Callable[[int], 
     and kept drafting 2 where that lost (`TenantEstimator.method_proposal`
     corrects both with these counts)."""
     out = [0.0] * positions
-    for cell in cells.values():
-        if cell.steps <= 0 or cell.requests <= 0:
-            continue
-        c = cap(max(1, round(cell.requests / cell.steps)))
-        allowed = min(block if c is None else c, positions)
-        for i in range(max(allowed, 0)):
-            out[i] += cell.requests
+    for requests, c in _caps_by_cell(cells, cap):
+        for i in range(max(min(block if c is None else c, positions), 0)):
+            out[i] += requests
     return out
 
 
