@@ -318,7 +318,10 @@ class DecisionSettings(_Strict):
     draft_caps: tuple[int, ...] = Field(default=(2, 4, 8, 16), description="per-request draft caps the optimizer tries")
     on_margin: float = Field(default=0.05, ge=0, description="predicted gain needed to turn speculation on")
     off_margin: float = Field(default=0.03, ge=0, description="predicted gain of 'off' needed to turn speculation off")
-    retune_margin: float = Field(default=0.05, ge=0, description="predicted gain needed to change the draft cap")
+    retune_margin: float = Field(
+        default=0.05, ge=0,
+        description="predicted gain needed to change the draft cap, or a drafting tenant's schedule where it acts now",
+    )
     strong_margin: float = Field(default=0.15, ge=0, description="a gain this large acts after strong_ticks, bypassing dwell")
     confirm_ticks: int = Field(default=3, ge=1, description="consecutive ticks a change must win before it is made")
     min_dwell_s: float = Field(default=30.0, ge=0, description="seconds a policy stays before a normal change")

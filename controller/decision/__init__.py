@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from typing import Mapping
 
-from contract.knobs import schedule_cap
+from contract.knobs import Schedule, schedule_cap
 from contract.overrides import TenantOverride
 
 from . import assembly, hysteresis
@@ -56,7 +56,7 @@ from .goodput import (
 )
 from .optimizer import Optimizer, Plan, TenantProposal
 from .probe import drafts, predicted_gain, tenant_probe
-from .schedule import scheduled_proposals, schedules_stand, tenant_schedules
+from .schedule import schedule_gain, scheduled_proposals, schedules_stand, tenant_schedules
 from .threshold import LoadThresholds, spec_max_batch
 from .views import (
     FULL,
@@ -111,6 +111,8 @@ def decide(
     schedules = tenant_schedules(opt, {t: v.chosen for t, v in verdicts.items()}, cfg, searched)
     schedules = {t: s for t, s in schedules.items() if not proposals[t].slo_driven}
 
+    # What each tenant drafts at a batch as this tick computes it: a schedule, else its cap.
+    computed: dict[str, Schedule | int] = {t: schedules.get(t, v.chosen) for t, v in verdicts.items()}
     policies, new_state, records = {}, {}, []
     for t in sorted(ctx.tenants):
         prev, ov, view = state.get(t, TenantState()), overrides.get(t), ctx.tenants[t]
@@ -121,12 +123,16 @@ def decide(
         theta_star, worth = confidence_floor(opt, t, k, plan.proposal, cfg)
         theta, theta_ema = hysteresis.smooth_floor(prev, verdict, worth, cfg, now)
         theta = assembly.clamp_floor(theta, ov, k)
-        schedule = hysteresis.steady_schedule(prev, verdict, schedules.get(t), cfg, now, stand=searched is not None)
+        load = max((run_batch(r) for r in ctx.homes[t]), default=1.0)
+        in_force = prev.policy.schedule if prev.policy is not None and prev.policy.enabled else None
+        new = schedules.get(t)
+        gain = schedule_gain(opt, t, in_force, new, computed, load) \
+            if in_force is not None and new is not None and new != in_force else None
+        schedule = hysteresis.steady_schedule(prev, verdict, new, cfg, now, stand=searched is not None, gain=gain)
         # A schedule says where the tenant stops drafting itself (its zeros; the policy
         # sends its envelope as max_batch to plugins without schedules); the load
         # threshold, priced for today's cap at every batch, would cut it short.
         max_batch = None
-        load = max((run_batch(r) for r in ctx.homes[t]), default=1.0)
         if schedule is None:
             max_batch = thresholds.for_choice(choice, ctx.homes[t]) if k > 0 else None
             max_batch = hysteresis.steady_max_batch(prev, verdict, max_batch, load, cfg, now)
@@ -146,7 +152,7 @@ def decide(
         drafting_cap = (k_now or k) if drafts(policy) else max((r.block for r in ctx.homes[t]), default=0)
         predicted = predicted_gain(ctx, model, t, choice, drafting_cap) if view.measured_gain is not None else None
         records.append(assembly.record(now, changed, policy, verdict, proposal, view, theta, theta_star, tenant_rho, tpot,
-                                       predicted))  # fmt: skip
+                                       predicted, gain))  # fmt: skip
 
     return Decision(policies, new_state, records, replica_regimes(ctx, model, new_state, cfg))
 

@@ -108,7 +108,7 @@ def _proposal_fields(q: Proposal) -> dict:
 def record(
     now: float, changed: bool, policy: SpeculationPolicy, v: Verdict, p: TenantProposal, view: TenantView,
     theta: float | None, theta_star: float, rho: dict[str, float], tpot_ms: float,
-    predicted_gain: float | None = None,
+    predicted_gain: float | None = None, schedule_gain: float | None = None,
 ) -> DecisionRecord:
     numbers = {
         "k": cap_label(v.chosen),
@@ -134,6 +134,9 @@ def record(
         "pending": [cap_label(v.pending_k), v.pending_count] if v.pending_k is not None else None,
         "max_batch": policy.max_batch,
         "schedule": [list(pair) for pair in policy.schedule] if policy.schedule is not None else None,
+        # The tick's recomputed schedule against the one in force, where it acts now
+        # (`schedule.schedule_gain`; None: nothing to compare): below the retune margin it waits.
+        "schedule_gain": None if schedule_gain is None or math.isinf(schedule_gain) else round(schedule_gain, 4),
         # A probe's two arms (controller/decision/probe.py): their measured ratio of time per output
         # token beside the model's prediction for a request drafting at the arm's cap.
         "measured_gain": None if view.measured_gain is None else {

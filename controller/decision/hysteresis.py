@@ -192,14 +192,17 @@ def steady_max_batch(
 
 
 def steady_schedule(prev: TenantState, v: Verdict, schedule: Schedule | None, cfg: DecisionConfig, now: float,
-                    stand: bool = False) -> Schedule | None:
+                    stand: bool = False, gain: float | None = None) -> Schedule | None:
     """The schedule to publish: the new one at once when none was in force or
     the tenant's cap at today's batch changed (it was off, or an admin moved
     it); else the one in force until `cfg.schedule_dwell_s` since the tenant's
-    policy last changed. A schedule already covers every load, so what moves
-    it from tick to tick is the noise in its inputs (the fitted step curve,
-    the acceptance estimate, the traffic mix), and the one in force keeps
-    acting every engine step meanwhile.
+    policy last changed, and after that too unless the new one's predicted
+    `gain` where it acts now (`schedule.schedule_gain`; None: not priced)
+    reaches `cfg.retune_margin`, the margin any change of cap must clear.
+    A schedule already covers every load, so what moves it from tick to tick
+    is the noise in its inputs (the fitted step curve, the acceptance
+    estimate, the traffic mix), and the one in force keeps acting every
+    engine step meanwhile.
 
     `stand`: schedules stand (schedule.schedules_stand) and on/off was priced
     where drafting pays. Then a tenant the hysteresis holds on whose search
@@ -213,6 +216,8 @@ def steady_schedule(prev: TenantState, v: Verdict, schedule: Schedule | None, cf
         return old
     if schedule is None or old is None or v.forced or (v.cur == 0) != (v.chosen == 0) or schedule == old:
         return schedule
+    if gain is not None and gain < cfg.retune_margin:
+        return old
     return schedule if now - prev.since >= cfg.schedule_dwell_s else old
 
 

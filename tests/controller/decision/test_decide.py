@@ -357,16 +357,37 @@ def test_schedules_are_monotone_per_tenant_and_absent_where_no_drafting_pays():
 
 def test_a_changed_schedule_waits_for_its_dwell_unless_the_tenant_turns_on_or_off():
     cfg = DecisionConfig(schedule_dwell_s=60.0)
-    reps = fleet(4, {"code": 1.0})
+    reps = fleet(8, {"code": 1.0})
     first = decide(reps, tenants(code=CODE), {}, {}, now=0.0, cfg=cfg)
     # The acceptance estimate moves (slow input): the schedule the model now wants differs.
-    later = [TenantView("code", 0.7, 10_000)]
+    later = [TenantView("code", 0.6, 10_000)]
     early = decide(reps, later, first.state, {}, now=10.0, cfg=cfg)
     wanted = decide(reps, later, {}, {}, now=0.0, cfg=cfg).policies["code"].schedule
     assert wanted != first.policies["code"].schedule
     assert early.policies["code"].schedule == first.policies["code"].schedule  # inside the dwell
     late = decide(reps, later, first.state, {}, now=61.0, cfg=cfg)
     assert late.policies["code"].schedule == wanted
+    gain = next(r for r in late.records if r.tenant == "code").numbers["schedule_gain"]
+    assert gain >= cfg.retune_margin  # it pays at the batches the replicas run (8 requests a step)
+
+
+def test_a_recomputed_schedule_that_gains_little_where_it_acts_now_is_not_published():
+    """A schedule recomputed from slightly moved inputs differs by a grid step
+    somewhere; past the dwell it still replaces the one in force only where it
+    gains the retune margin at today's batches."""
+    cfg = DecisionConfig(schedule_dwell_s=60.0)
+    reps = fleet(8, {"code": 1.0})
+    first = decide(reps, tenants(code=CODE), {}, {}, now=0.0, cfg=cfg)
+    better = [TenantView("code", 0.95, 10_000)]  # longer drafts now pay, but little at 8 requests a step
+    wanted = decide(reps, better, {}, {}, now=0.0, cfg=cfg).policies["code"].schedule
+    assert wanted != first.policies["code"].schedule
+    late = decide(reps, better, first.state, {}, now=200.0, cfg=cfg)
+    assert late.policies["code"].schedule == first.policies["code"].schedule
+    record = next(r for r in late.records if r.tenant == "code")
+    assert 0 < record.numbers["schedule_gain"] < cfg.retune_margin and not record.changed
+    # The margin is the knob: with none, the same tick publishes it.
+    eager = decide(reps, better, first.state, {}, now=200.0, cfg=cfg.model_copy(update={"retune_margin": 0.0}))
+    assert eager.policies["code"].schedule == wanted
 
 
 def test_the_load_alone_never_turns_a_tenant_on_or_off_under_schedules():

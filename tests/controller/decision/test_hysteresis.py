@@ -166,3 +166,20 @@ def test_a_changed_schedule_waits_for_its_dwell_unless_drafting_turns_on_or_off(
     was_off = TenantState(k=0, since=100.0, policy=SpeculationPolicy(enabled=False, max_draft=0))
     on = h.Verdict(0, 8, "", False, 0.0, {}, 0.0, False, None, 0, None, 0, {})
     assert h.steady_schedule(was_off, on, new, cfg, now=101.0) == new
+
+
+def test_past_its_dwell_a_changed_schedule_must_gain_the_retune_margin_where_it_acts_now():
+    cfg = DecisionConfig(schedule_dwell_s=60.0, retune_margin=0.05)
+    old, new = ((4, 8), (32, 2)), ((8, 8), (32, 2))
+    prev = TenantState(k=8, since=100.0, policy=SpeculationPolicy(max_draft=8, schedule=old))
+    same = h.Verdict(8, 8, "", False, 0.0, {}, 0.0, False, None, 0, None, 0, {})
+    assert h.steady_schedule(prev, same, new, cfg, now=160.0, gain=0.0) == old  # the same steps today
+    assert h.steady_schedule(prev, same, new, cfg, now=160.0, gain=0.049) == old
+    assert h.steady_schedule(prev, same, new, cfg, now=160.0, gain=0.05) == new
+    assert h.steady_schedule(prev, same, new, cfg, now=130.0, gain=0.5) == old  # the dwell still holds
+    # Turning on or off, and an admin's move, publish at once whatever the gain.
+    forced = h.Verdict(8, 4, "", True, 0.0, {}, 0.0, False, None, 0, None, 0, {})
+    assert h.steady_schedule(prev, forced, new, cfg, now=130.0, gain=0.0) == new
+    was_off = TenantState(k=0, since=100.0, policy=SpeculationPolicy(enabled=False, max_draft=0))
+    on = h.Verdict(0, 8, "", False, 0.0, {}, 0.0, False, None, 0, None, 0, {})
+    assert h.steady_schedule(was_off, on, new, cfg, now=101.0, gain=0.0) == new

@@ -9,6 +9,7 @@ from controller.decision.schedule import (
     context_at,
     joint_lengths,
     monotone,
+    schedule_gain,
     scheduled_proposals,
     schedules_stand,
     tenant_schedules,
@@ -109,3 +110,22 @@ def test_a_weak_tenant_beside_a_strong_one_drafts_at_fewer_batches_and_shorter()
     # The search is reused for the schedules when the same tenants draft.
     chosen = {"code": proposals["code"].best, "chat": proposals["chat"].best}
     assert tenant_schedules(opt, chosen, DecisionConfig(), joint) == tenant_schedules(opt, chosen, DecisionConfig())
+
+
+def test_a_schedule_is_priced_where_it_acts_now():
+    """`schedule_gain`: two schedules that draft alike at the batches the replicas
+    run now gain nothing over each other, however they differ at other loads;
+    where they differ now, the fleet's goodput says which pays."""
+    views = tenants(code=CODE, chat=CHAT)
+    opt = optimizer([replica(4, {"code": 0.5, "chat": 0.5})], views)
+    others = {"chat": ((4, 4),)}
+    old, far = ((8, 8), (64, 2)), ((8, 8), (512, 2))  # they differ from 64 requests a step on
+    assert schedule_gain(opt, "code", old, far, others, load=4.0) == 0.0
+    # At 4 requests a step (2..8 on the grid) drafting 8 beats drafting nothing, and its gain is the
+    # reverse of the loss of going back, both per unit of code's share of the traffic.
+    none = ((1, 0),)
+    up, down = schedule_gain(opt, "code", none, old, others, 4.0), schedule_gain(opt, "code", old, none, others, 4.0)
+    assert up > 0.05 > 0 > down
+    # Compute-bound (512 requests a step): the same lengths lose there.
+    deep = optimizer([replica(512, {"code": 0.5, "chat": 0.5})], views)
+    assert schedule_gain(deep, "code", ((1, 0),), ((512, 8),), {"chat": 0}, load=512.0) < 0
