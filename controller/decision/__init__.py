@@ -124,7 +124,7 @@ def decide(
         theta, theta_ema = hysteresis.smooth_floor(prev, verdict, worth, cfg, now)
         theta = assembly.clamp_floor(theta, ov, k)
         load = max((run_batch(r) for r in ctx.homes[t]), default=1.0)
-        in_force = prev.policy.schedule if prev.policy is not None and prev.policy.enabled else None
+        in_force = hysteresis.schedule_in_force(prev)
         new = schedules.get(t)
         gain = schedule_gain(opt, t, in_force, new, computed, load) \
             if in_force is not None and new is not None and new != in_force else None

