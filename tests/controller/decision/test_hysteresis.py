@@ -96,6 +96,60 @@ def test_thin_evidence_widens_the_margin():
     assert thin.thin and thin.margin == pytest.approx(thick.margin + CFG.thin_extra_margin)
 
 
+def _run(state, table, cfg, ticks, start=100.0, **kw):
+    """Ticks of the state machine on one proposal; the verdicts."""
+    out = []
+    for i in range(ticks):
+        now = start + i
+        v = h.step(state, proposal(table, cur=state.k, **kw), cfg, now=now)
+        policy = SpeculationPolicy(max_draft=v.chosen, enabled=v.chosen > 0)
+        state = h.remember(state, v, policy, None, 0.0, h.policy_changed(state, policy), now)
+        out.append(v)
+    return out
+
+
+def test_a_drafting_tenant_in_a_near_tie_turns_off_through_confirmation():
+    # Drafting gains +1 % over off (inside both margins: off would need +3 %, on +5 %).
+    table = {0: 100.0, 2: 101.0, 4: 100.5}
+    ema = ((0, 100 / 101), (2, 1.0), (4, 100.5 / 101))
+    vs = _run(held(2, since=0.0, smoothed=ema), table, CFG, ticks=3)
+    assert [v.chosen for v in vs] == [2, 2, 0]
+    assert vs[0].why == "pending k=0 (drafting gains +1.0% < the keep margin 2%): confirmation 1/3"
+    assert vs[2].why == "k 2->0: drafting gains +1.0% < the keep margin 2% (smoothed, 3 ticks)"
+    assert vs[0].margin == -CFG.keep_margin
+    # Off, the same prices do not turn it on again (on needs +5 %): a band, not a flip-flop.
+    off = TenantState(k=0, since=0.0, policy=SpeculationPolicy(enabled=False, max_draft=0), smoothed=ema)
+    assert {v.chosen for v in _run(off, table, CFG, ticks=5)} == {0}
+    # The dwell still holds it.
+    assert [v.chosen for v in _run(held(2, since=95.0, smoothed=ema), table, CFG, ticks=3)] == [2, 2, 2]
+
+
+def test_a_drafting_tenant_that_gains_the_keep_margin_keeps_drafting():
+    table = {0: 100.0, 2: 103.0, 4: 101.0}
+    ema = ((0, 100 / 103), (2, 1.0), (4, 101 / 103))
+    vs = _run(held(2, since=0.0, smoothed=ema), table, CFG, ticks=4)
+    assert {v.chosen for v in vs} == {2} and vs[-1].why.startswith("holding")
+    # Per unit of its traffic share: +1.5 % of the fleet is +3 % of a half share.
+    table = {0: 100.0, 2: 101.5}
+    vs = _run(held(2, since=0.0, smoothed=((0, 100 / 101.5), (2, 1.0))), table, CFG, ticks=4, share=0.5)
+    assert {v.chosen for v in vs} == {2}
+
+
+def test_the_keep_margin_never_exceeds_the_on_margin_nor_acts_where_others_decide():
+    cfg = DecisionConfig(confirm_ticks=1, min_dwell_s=0.0, keep_margin=0.5, on_margin=0.05)
+    assert h.keep_margin(cfg) == 0.05
+    table, ema = {0: 100.0, 2: 104.0}, ((0, 100 / 104), (2, 1.0))
+    assert _run(held(2, smoothed=ema), table, cfg, ticks=1)[0].chosen == 0
+    assert _run(held(2, smoothed=((0, 100 / 106), (2, 1.0))), {0: 100.0, 2: 106.0}, cfg, ticks=1)[0].chosen == 2
+    near = {0: 100.0, 2: 101.0}
+    assert _run(held(2, smoothed=ema), near, cfg, ticks=1, evidence=10.0)[0].chosen == 2  # thin: exploration measures it
+    assert _run(held(2, smoothed=ema), near, cfg, ticks=1, slo_driven=True, best=2)[0].chosen == 2  # a TPOT target chose it
+    assert _run(held(2, smoothed=ema), near, cfg, ticks=1, pinned="auto")[0].chosen == 2  # an admin's bounds
+    assert _run(held(2, smoothed=ema), near, cfg, ticks=1, allowed=[2])[0].chosen == 2  # off not allowed
+    assert _run(held(2, smoothed=ema), near, DecisionConfig(confirm_ticks=1, min_dwell_s=0.0, keep_margin=0.0),
+                ticks=1)[0].chosen == 2  # keep_margin 0: the old band (off needs +3 %)
+
+
 def test_floor_smoothing_holds_small_and_early_moves():
     v_same = h.Verdict(8, 8, "", False, 0.0, {}, 0.0, False, None, 0, None, 0, {})
     prev = TenantState(k=8, theta=0.3, since=0.0, policy=SpeculationPolicy(), theta_ema=0.3)
