@@ -195,9 +195,12 @@ def _wedge_gateway(start_backend, start_gateway, **settings):
     # connect_timeout_s 10 (default 2): the fake backends serve from threads of this process, and in a
     # loaded full run `b` once took over 2 s to accept the failed-over request, which then had nowhere
     # left to go (a 503); these tests are about the wedge path, not connect timeouts.
+    # wedge_after_s 3 (not 0.5): in a loaded full run the in-process fakes' probes once went unanswered
+    # for over 0.5 s, a false wedge of `b` opened its breaker, and the frozen `a`'s stream then had
+    # nowhere to continue ("stream not continued"); a real freeze is caught at 3 s all the same.
     gw = start_gateway(
         [{"url": a.url, "name": "a"}, {"url": b.url, "name": "b"}],
-        **{"wedge_after_s": 0.5, "metrics_interval_s": 0.1, "health_interval_s": 0.2, "connect_timeout_s": 10.0, **settings},
+        **{"wedge_after_s": 3.0, "metrics_interval_s": 0.1, "health_interval_s": 0.2, "connect_timeout_s": 10.0, **settings},
     )
     return a, b, gw
 
@@ -264,10 +267,10 @@ def test_a_stream_under_way_on_a_frozen_replica_ends_with_an_error_event_and_don
 
 
 def test_a_replica_whose_engine_stalls_behind_a_live_api_is_ejected_by_progress(start_backend, start_gateway):
-    # wedge_after_s 3 (the default; no progress is judged after max(it, 3 metrics intervals)): at 0.5 s
-    # a loaded full run once saw the in-process fake's probes go unanswered that long, and the stalled
-    # replica was ejected for "no answer" instead of the "no progress" this test is about.
-    a, b, gw = _wedge_gateway(start_backend, start_gateway, wedge_after_s=3.0)
+    # wedge_after_s 3 (`_wedge_gateway`'s; no progress is judged after max(it, 3 metrics intervals)): at
+    # 0.5 s a loaded full run once saw the in-process fake's probes go unanswered that long, and the
+    # stalled replica was ejected for "no answer" instead of the "no progress" this test is about.
+    a, b, gw = _wedge_gateway(start_backend, start_gateway)
     replica = gw.state.registry.get("a")
     a.fake.control["stalled"] = True  # /health and /metrics answer; completions make no progress
     r = httpx.post(gw.url + "/v1/chat/completions", json=CHAT, headers=AUTH, timeout=30)
