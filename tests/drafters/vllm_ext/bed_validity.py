@@ -104,9 +104,11 @@ class Overlap:
         return True
 
 
-def engine_load(server, timeout_s: float = 60.0) -> tuple[float, float]:
-    """The replica's (`vllm:num_requests_running`, `vllm:num_requests_waiting`) now."""
-    snap = parse_vllm_metrics(httpx.get(server.url + "/metrics", timeout=timeout_s).text)
+def engine_load(server, timeout_s: float = 60.0, client: httpx.Client | None = None) -> tuple[float, float]:
+    """The replica's (`vllm:num_requests_running`, `vllm:num_requests_waiting`) now (`client`:
+    one whose connection is already open; none: a new one)."""
+    get = client.get if client is not None else httpx.get
+    snap = parse_vllm_metrics(get(server.url + "/metrics", timeout=timeout_s).text)
     return snap.num_requests_running, snap.num_requests_waiting
 
 
@@ -121,10 +123,11 @@ def wait_idle(server, timeout_s: float = 60.0) -> None:
         time.sleep(0.2)
 
 
-def _until_running(server, n: int, tasks: list[asyncio.Task], deadline: float) -> tuple[float, float]:
+def _until_running(server, n: int, tasks: list[asyncio.Task], deadline: float,
+                   poller: httpx.Client) -> tuple[float, float]:
     """Poll the gauges until the engine runs `n` requests (or a neighbour ended, or time is up)."""
     while True:
-        load = engine_load(server)
+        load = engine_load(server, client=poller)
         if load == (float(n), 0.0) or any(t.done() for t in tasks) or time.monotonic() > deadline:
             return load
         time.sleep(0.05)
@@ -138,10 +141,12 @@ def _neighbour_body(server, temperature: float, prompt: str, max_tokens: int, xa
     return body
 
 
-async def _beside(server, temperatures, max_tokens, prompt, timeout_s, neighbour_tokens, xargs, neighbour_xargs):
+async def _beside(server, temperatures, max_tokens, prompt, timeout_s, neighbour_tokens, xargs, neighbour_xargs,
+                  poller: httpx.Client):
     deadline = time.monotonic() + timeout_s
     client = _client(server)
     overlap = Overlap(len(temperatures))
+    engine_load(server, client=poller)  # its connection open before the neighbours start (see greedy_beside)
     async with httpx.AsyncClient(base_url=server.url, timeout=timeout_s) as http:
         tasks = [
             asyncio.create_task(http.post("/v1/completions", json=_neighbour_body(server, t, prompt, neighbour_tokens,
@@ -149,9 +154,9 @@ async def _beside(server, temperatures, max_tokens, prompt, timeout_s, neighbour
             for t in temperatures
         ]  # fmt: skip
         try:
-            overlap.before = await asyncio.to_thread(_until_running, server, len(temperatures), tasks, deadline)
+            overlap.before = await asyncio.to_thread(_until_running, server, len(temperatures), tasks, deadline, poller)
             text, spec = await asyncio.to_thread(greedy, server, max_tokens, prompt, client, xargs)
-            overlap.after = await asyncio.to_thread(engine_load, server)
+            overlap.after = await asyncio.to_thread(engine_load, server, timeout_s, poller)
             for task in tasks:
                 if task.done():
                     overlap.finished_early += 1
@@ -178,10 +183,17 @@ def greedy_beside(
 ) -> tuple[str, dict, Overlap]:
     """The greedy request (with knobs `xargs`) run while sampling neighbours at `temperatures`
     (with knobs `neighbour_xargs`) decode beside it (`neighbour_tokens` long: fewer where a slow
-    engine makes NEIGHBOUR_MAX_TOKENS cost minutes; `check()` says whether they still outlived it)."""
+    engine makes NEIGHBOUR_MAX_TOKENS cost minutes; `check()` says whether they still outlived it).
+
+    The gauges are polled over one connection opened before the neighbours start: polled with a
+    new client each time, the first poll after the neighbours left took as long as a neighbour's
+    whole life on one machine (5.0-5.6 s, a T=0.001 neighbour's 3900 tokens; 2026-12-06, Sapphire
+    Rapids), every attempt found them already finished, and the check failed where the engine was
+    faithful."""
     wait_idle(server, timeout_s)
-    return asyncio.run(_beside(server, temperatures, max_tokens, prompt, timeout_s, neighbour_tokens, xargs,
-                               neighbour_xargs))
+    with httpx.Client() as poller:
+        return asyncio.run(_beside(server, temperatures, max_tokens, prompt, timeout_s, neighbour_tokens, xargs,
+                                   neighbour_xargs, poller))
 
 
 def greedy_beside_until_overlapped(
