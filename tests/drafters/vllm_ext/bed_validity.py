@@ -112,13 +112,13 @@ def engine_load(server, timeout_s: float = 60.0, client: httpx.Client | None = N
     return snap.num_requests_running, snap.num_requests_waiting
 
 
-def wait_idle(server, timeout_s: float = 60.0) -> None:
+def wait_idle(server, timeout_s: float = 60.0, client: httpx.Client | None = None) -> None:
     """Until the engine runs and queues nothing: the neighbours of a previous run are aborted
     when their connection goes, but the engine drops them a few steps later, and a run that
     starts meanwhile steps with more requests than it launched (a batch -> draft-length schedule
     then reads a larger batch)."""
     deadline = time.monotonic() + timeout_s
-    while (load := engine_load(server)) != (0.0, 0.0):
+    while (load := engine_load(server, client=client)) != (0.0, 0.0):
         assert time.monotonic() < deadline, f"the server still runs/queues {load}"
         time.sleep(0.2)
 
@@ -146,7 +146,6 @@ async def _beside(server, temperatures, max_tokens, prompt, timeout_s, neighbour
     deadline = time.monotonic() + timeout_s
     client = _client(server)
     overlap = Overlap(len(temperatures))
-    engine_load(server, client=poller)  # its connection open before the neighbours start (see greedy_beside)
     async with httpx.AsyncClient(base_url=server.url, timeout=timeout_s) as http:
         tasks = [
             asyncio.create_task(http.post("/v1/completions", json=_neighbour_body(server, t, prompt, neighbour_tokens,
@@ -190,8 +189,8 @@ def greedy_beside(
     whole life on one machine (5.0-5.6 s, a T=0.001 neighbour's 3900 tokens; 2026-12-06, Sapphire
     Rapids), every attempt found them already finished, and the check failed where the engine was
     faithful."""
-    wait_idle(server, timeout_s)
     with httpx.Client() as poller:
+        wait_idle(server, timeout_s, poller)  # also opens the poller's connection before the neighbours start
         return asyncio.run(_beside(server, temperatures, max_tokens, prompt, timeout_s, neighbour_tokens, xargs,
                                    neighbour_xargs, poller))
 
