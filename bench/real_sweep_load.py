@@ -13,7 +13,12 @@ in 1..max_tokens and is left out of TPOT. Why: requests of equal length that
 start together finish together, and on a lockstep engine they stay in phase,
 so the batch would swing from 0 to c/2 in waves (the resubmission burst routed
 on stale gauges, re-prefilled at once); one random first length spreads the
-workers' phases for good while the load still steps at once.
+workers' phases for good while the load still steps at once. Each worker's
+prompts and first length come from a generator of its own
+(`testbed.request_stream.WorkerStream`, seeded by the run's seed, the tenant
+and the worker's number), so two loads with one seed send the same requests
+per worker, whatever order they finish in: bench/real_ab.py's two sides serve
+the same prompts, worker by worker.
 `stream_options.continuous_usage_stats` puts the running
 completion-token count on every chunk, so the driver knows how many tokens
 each tenant received by any instant: a window's tok/s is the tokens streamed
@@ -38,7 +43,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import random
 import time
 from dataclasses import dataclass, field
 
@@ -46,15 +50,11 @@ import httpx
 from real_sweep_stack import SERVED_MODEL, TENANTS, admin_get, api_key, scrape_replica
 
 from testbed.phases import Phase  # a closed-loop phase: `concurrency` in total, split evenly between the tenants
+from testbed.request_stream import WorkerStream
 
 # `greedy2` (bench/real_ab.py's similar-acceptance scenario): a second greedy tenant,
 # so two tenants share one acceptance and per-tenant knowledge gives nothing.
 TEMPERATURE = {"greedy": 0.0, "temp1": 1.0, "greedy2": 0.0}
-_WORDS = (
-    "the a gateway replica token draft verify accept reject speculation tenant budget request response stream "
-    "chunk model server latency queue batch cache prefix policy controller router metric counter window limit "
-    "quick brown fox jumps over lazy dog one two three four five red green blue cat bird fish tree river city road"
-).split()  # noqa: SIM905
 
 
 @dataclass
@@ -90,11 +90,6 @@ class TraceResult:
     policy_samples: list[dict]  # controller runs: /admin/tenants policies sampled every tick
 
 
-def prompt(rng: random.Random) -> str:
-    """A short varied prompt; the random model's greedy continuation falls into cycles."""
-    return " ".join(rng.choice(_WORDS) for _ in range(rng.randint(3, 8)))
-
-
 async def sse_data(resp: httpx.Response):
     """The `data:` payloads of an SSE response, lines split on LF (CR stripped) only."""
     buffer = b""
@@ -112,7 +107,7 @@ class ClosedLoop:
         self.client = client
         self.url = gateway_url + "/v1/completions"
         self.max_tokens = max_tokens
-        self.rng = random.Random(seed)
+        self.seed = seed
         self.tenants = tenants  # those sending load (all, or one measured alone)
         self.samples: list[Sample] = []
         known = (*TENANTS, *(t for t in tenants if t not in TENANTS))
@@ -121,6 +116,7 @@ class ClosedLoop:
         self.error_examples: dict[str, str] = {}  # kind -> the first message seen
         self.error_times: list[tuple[float, str]] = []  # (wall clock, kind), the first 200
         self.workers: dict[str, list[asyncio.Task]] = {t: [] for t in known}
+        self.created: dict[str, int] = {t: 0 for t in known}  # workers started per tenant: the next one's number
 
     def set_concurrency(self, total: int) -> None:
         """Grow or shrink each sending tenant's worker pool to its share of total (surplus workers are cancelled)."""
@@ -128,7 +124,9 @@ class ClosedLoop:
             want = total // len(self.tenants) + (1 if i < total % len(self.tenants) else 0)
             pool = self.workers[tenant]
             while len(pool) < want:
-                pool.append(asyncio.create_task(self._worker(tenant)))
+                stream = WorkerStream(self.seed, tenant, self.created[tenant], self.max_tokens)
+                self.created[tenant] += 1
+                pool.append(asyncio.create_task(self._worker(tenant, stream)))
             while len(pool) > want:
                 pool.pop().cancel()
 
@@ -139,11 +137,12 @@ class ClosedLoop:
         await asyncio.gather(*tasks, return_exceptions=True)
         self.workers = {t: [] for t in self.workers}
 
-    async def _worker(self, tenant: str) -> None:
-        length = self.rng.randint(1, self.max_tokens)  # the first request de-phases the worker
+    async def _worker(self, tenant: str, stream: WorkerStream) -> None:
+        """Send `stream`'s requests one after another; a request whose connection failed is sent again."""
+        request = stream.next()
         while True:
             try:
-                sample = await self._one(tenant, prompt(self.rng), length)
+                sample = await self._one(tenant, request.prompt, request.max_tokens)
             except asyncio.CancelledError:
                 raise
             except (httpx.HTTPError, ValueError, KeyError) as exc:
@@ -152,7 +151,7 @@ class ClosedLoop:
                 continue
             if sample is not None:
                 self.samples.append(sample)
-            length = self.max_tokens
+            request = stream.next()
 
     def _error(self, kind: str, example: str = "") -> None:
         self.errors[kind] = self.errors.get(kind, 0) + 1
