@@ -107,6 +107,7 @@ import real_ab_report as report  # noqa: E402
 from real_sweep import BrokenEngine, _raise_interrupt, check_bed, warm_up  # noqa: E402
 from real_sweep_load import run_trace  # noqa: E402
 from real_sweep_stack import (  # noqa: E402
+    BINDS,
     REPO,
     Gateway,
     LaunchConfig,
@@ -508,7 +509,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--ramp-step-s", type=float, help="seconds per ramp level (default 9; --quick 7)")
     ap.add_argument("--table-b", type=int, default=8, help="the k-table: K=8 in steps of <= B requests, 0 above")
     ap.add_argument("--tpot-target-ms", type=float, default=150.0, help="goodput: requests whose TPOT is at most this")
-    ap.add_argument("--bind", choices=["cores", "nobind"], default="cores", help="pin replica i to core i")
+    ap.add_argument("--bind", choices=BINDS, default="replica",
+                    help="replica: all of replica i on core i; cores: only its compute thread; nobind")
     ap.add_argument("--replica-profile", default="auto", help="profile label of the replicas (as real_sweep.py)")
     ap.add_argument("--cold", action="store_true",
                     help="a fresh controller gateway per block (the first run's design) instead of kept, warmed ones")  # fmt: skip

@@ -101,6 +101,7 @@ import real_sweep_report as report  # noqa: E402
 from real_sweep_report import CONTROLLERS, NO_SCHEDULE  # noqa: E402
 from real_sweep_load import run_trace  # noqa: E402
 from real_sweep_stack import (  # noqa: E402
+    BINDS,
     EXPAND_FIX,
     REPO,
     SERVED_MODEL,
@@ -437,7 +438,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--grid-measure", type=float, default=20.0, help="measured seconds per phase in the grid pass")
     ap.add_argument("--k-table-mode", choices=["vllm", "plugin"], default="vllm",
                     help="vllm: num_speculative_tokens_per_batch_size (replica restarts); plugin: specgate_max_batch emulation")  # fmt: skip
-    ap.add_argument("--bind", choices=["cores", "nobind"], default="cores", help="pin replica i to core i (VLLM_CPU_OMP_THREADS_BIND)")
+    ap.add_argument("--bind", choices=BINDS, default="cores",
+                    help="cores: replica i's compute thread on core i (VLLM_CPU_OMP_THREADS_BIND); replica: all of it; nobind")
     ap.add_argument("--replica-profile", default="auto", help="profile label of the ngram replicas: auto (ngram-k8 if known), none, or a label")
     ap.add_argument("--tick", type=float, default=1.0, help="controller tick_s")
     ap.add_argument("--ablate-schedules", action="store_true",

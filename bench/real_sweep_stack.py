@@ -86,12 +86,46 @@ class LaunchConfig:
         return {**NGRAM, "num_speculative_tokens_per_batch_size": table}
 
 
+BINDS = ("replica", "cores", "nobind")
+
+
+def replica_core(index: int) -> int:
+    return index % (os.cpu_count() or 1)
+
+
 def replica_env(index: int, bind: str) -> dict[str, str]:
-    """`bind`: "nobind" (both replicas float over all cores) or "cores" (replica i's
-    OpenMP thread pinned to core i mod ncpu: VLLM_CPU_OMP_THREADS_BIND)."""
-    if bind == "cores":
-        return {"VLLM_CPU_OMP_THREADS_BIND": str(index % (os.cpu_count() or 1))}
+    """`bind`: "nobind" (both replicas float over all cores), "cores" (replica i's
+    OpenMP thread pinned to core i mod ncpu: VLLM_CPU_OMP_THREADS_BIND) or "replica"
+    (that, and every other thread of replica i on the same core: `pin_replica`)."""
+    if bind in ("cores", "replica"):
+        return {"VLLM_CPU_OMP_THREADS_BIND": str(replica_core(index))}
     return {"VLLM_CPU_OMP_THREADS_BIND": "nobind"}
+
+
+def pin_replica(server: VllmServer, core: int) -> None:
+    """Every thread of the server's processes (API server, engine core, worker) to `core`.
+
+    Why: with only the worker's compute pinned, the engine-core processes (scheduler,
+    ngram proposer, output processing: 0.15-0.3 of a core each at light load here) float
+    at the front ends' raised priority, and whichever core one lands on loses that share
+    to it. Measured with the sides identical in expectation (bench/real_ab.py, light
+    phase, 2026-12-06), a replica whose core hosted the other replica's engine core ran
+    its steps up to 2.5x slower for a whole window, and the side that happened to be
+    chosen decided the window. Pinned, each replica is one core, as a deployed replica
+    has hosts of its own; what floats are the gateways and the load generator, which
+    are shared by design."""
+    if server.proc is None:
+        return
+    for pid in [server.proc.pid, *descendants(server.proc.pid)]:
+        try:
+            tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+        except OSError:
+            continue
+        for tid in tids:
+            try:
+                os.sched_setaffinity(tid, {core})
+            except OSError:
+                pass  # a thread that ended meanwhile
 
 
 def renice_frontend(server: VllmServer, nice: int) -> None:
@@ -152,10 +186,12 @@ class ReplicaPair:
         self.servers = [VllmServer(self.spec(i, config), self.log_dir) for i in range(2)]
         for server in self.servers:  # boot both at once: the imports dominate and overlap well
             server.start()
-        for server in self.servers:
+        for index, server in enumerate(self.servers):
             server.wait_ready()
             if self.frontend_nice:
                 renice_frontend(server, self.frontend_nice)
+            if self.bind == "replica":
+                pin_replica(server, replica_core(index))
         self.config = config
         took = time.monotonic() - started
         self.boot_s.append(took)
