@@ -93,13 +93,14 @@ class ControlCore:
                 self.tenants.observe_capped(tenant, method, share * capped, share * counted, reach)
 
     def observe_telemetry(self, counters: list[TelemetryCounters], dt_s: float) -> None:
-        self.tenants.decay(dt_s)
+        samples = self.telemetry_tracker.update(counters)
+        self.tenants.decay(dt_s, serving={smp.replica for smp in samples if smp.get("completion_tokens") > 0})
         # Acceptance is fitted on vLLM's own accepted/drafted, also under
         # adaptive verification (where drafts it trimmed count as rejected):
         # the verified slots are the *most promising* ones, so acceptance over
         # them would overstate what longer drafts get.
         methods = {name: method_of(est.profile) for name, est in self.replicas.replicas.items()}
-        self.tenants.update(self.telemetry_tracker.update(counters), methods=methods)
+        self.tenants.update(samples, methods=methods)
 
     def seed(self, policies: dict[str, SpeculationPolicy], now: float) -> None:
         """Adopt already-published policies as hysteresis state (failover)."""

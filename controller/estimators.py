@@ -17,7 +17,7 @@ Two time scales on purpose:
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, fields
 
 from contract.telemetry import SURVIVAL_ACCEPTED, SURVIVAL_POSITIONS, SURVIVAL_REACH, acceptance_length
@@ -316,9 +316,21 @@ class TenantEstimator:
         self.arm_sums: dict[tuple[str, str], list[float]] = {}
         self.fleet_prior = ACCEPTANCE_PRIOR  # conditional acceptance before any data at all (a trained drafter)
 
-    def decay(self, dt_s: float) -> None:
+    def decay(self, dt_s: float, serving: Iterable[str] | None = None) -> None:
+        """Age the sums by `dt_s`. The routing mix ages only on the replicas in
+        `serving` (those that finished requests since the last call; None: all), and by
+        at most one mix half-life a call.
+
+        Why the mix waits for traffic: it is the share of a replica's recent tokens per
+        tenant, and an idle spell says nothing about it. Aged by the clock, a mix was
+        gone after a minute without traffic (or a paused controller), and the first
+        tenant back held it alone: every other tenant was priced at the share floor,
+        where its own drafting barely lengthens the step, so its gain read inflated --
+        on the real bed `k 0->2: +9.6 %` right after a pause, `-10.1 %` once the mix
+        came back, 30 s (the dwell) later."""
         d = _decay(self.half_life_s, dt_s)
-        dm = _decay(self.mix_half_life_s, dt_s)
+        dm = _decay(self.mix_half_life_s, min(max(dt_s, 0.0), self.mix_half_life_s))
+        aging = None if serving is None else set(serving)
         for s in self.method_sums.values():
             s.scale(d)
         for key in list(self.arm_sums):
@@ -328,6 +340,8 @@ class TenantEstimator:
         for s in self.sums.values():
             s.scale(d)
             for r in list(s.by_replica):
+                if aging is not None and r not in aging:
+                    continue
                 s.by_replica[r] *= dm
                 if s.by_replica[r] < 1e-3:
                     del s.by_replica[r]

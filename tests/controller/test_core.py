@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from contract.policy import ProbeSpec, SpeculationPolicy
+from contract.telemetry import TelemetryCounters
 from contract.vllm_metrics import StepCell, VllmMetricsSnapshot
 from controller.core import ControlCore
 from controller.decision import TenantState
@@ -51,3 +52,26 @@ def test_a_scrape_counts_the_request_steps_whose_cap_allowed_each_draft_position
     assert s.cap_shares()[:9] == pytest.approx([1.0, 1.0, *[0.25] * 6, 0.0])
     uncapped = _core(SpeculationPolicy()).tenants.method_sums[("greedy", "ngram")]
     assert uncapped.cap_shares()[:9] == pytest.approx([1.0] * 8 + [0.0])
+
+
+def test_the_gateways_counters_keep_the_traffic_mix_over_an_idle_spell():
+    """The telemetry a tick reads says which replicas served; only their mix ages
+    (`TenantEstimator.decay`), so a controller that saw no traffic for minutes -- or
+    was paused -- prices its tenants at the mix they had, not at the share floor."""
+    core = ControlCore()
+    totals = {("a", "r"): 0.0, ("b", "r"): 0.0}
+
+    def tick(dt_s: float, **tokens: float) -> None:
+        for tenant, n in tokens.items():
+            totals[(tenant, "r")] += n
+        core.observe_telemetry([TelemetryCounters(t, r, {"requests": v / 64, "completion_tokens": v})
+                                for (t, r), v in totals.items()], dt_s)
+
+    tick(0.0)  # the first read is the baseline
+    for _ in range(10):
+        tick(1.0, a=64, b=64)
+    assert core.tenants.replica_mix()["r"]["b"] == pytest.approx(0.5, abs=0.01)
+    for _ in range(300):
+        tick(1.0)  # five idle minutes: nothing finished anywhere
+    tick(1.0, a=64)  # the first completion after the spell
+    assert core.tenants.replica_mix()["r"]["b"] > 0.4

@@ -73,6 +73,34 @@ def test_decay_has_the_configured_half_life():
     assert est.sums["t"].steps == pytest.approx(500)
 
 
+def _tokens(tenant, replica, n):
+    return TenantSample(tenant, replica, {"requests": 1, "completion_tokens": n})
+
+
+def test_the_traffic_mix_outlasts_an_idle_spell_and_ages_only_while_its_replica_serves():
+    """An idle replica's mix (no traffic, or a paused controller) is its last one,
+    not forgotten: the first tenant back does not hold it alone."""
+    est = TenantEstimator(mix_half_life_s=5.0)
+    est.update([_tokens("a", "r1", 600), _tokens("b", "r1", 400), _tokens("a", "r2", 100)])
+    est.decay(600.0, serving=set())  # ten idle minutes
+    assert est.replica_mix()["r1"] == pytest.approx({"a": 0.6, "b": 0.4})
+    est.decay(1.0, serving={"r1"})  # traffic again: a tenant's first completion after the spell
+    est.update([_tokens("a", "r1", 64)])
+    mix = est.replica_mix()["r1"]
+    assert mix["b"] > 0.3  # b keeps its share; it is not priced at the floor
+    # Only serving replicas age, and a call ages them by at most one half-life (a long gap since the last is one
+    # tick of evidence, not minutes of it).
+    before = est.sums["a"].by_replica["r2"]
+    est.decay(600.0, serving={"r1"})
+    assert est.sums["a"].by_replica["r2"] == before
+    r1 = est.sums["b"].by_replica["r1"]
+    est.decay(600.0, serving={"r1", "r2"})
+    assert est.sums["b"].by_replica["r1"] == pytest.approx(r1 / 2)
+    assert est.sums["a"].by_replica["r2"] == pytest.approx(before / 2)
+    est.decay(2.5)  # serving unknown: every replica ages, by the clock
+    assert est.sums["a"].by_replica["r2"] == pytest.approx(before / 2 * 0.5**0.5)
+
+
 def test_new_evidence_moves_a_decayed_estimate():
     est = TenantEstimator(half_life_s=300, prior_steps=10)
     est.update([_sample("t", 5000, 0.5)])
