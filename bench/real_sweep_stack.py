@@ -108,10 +108,11 @@ def pin_replica(server: VllmServer, core: int) -> None:
     Why: with only the worker's compute pinned, the engine-core processes (scheduler,
     ngram proposer, output processing: 0.15-0.3 of a core each at light load here) float
     at the front ends' raised priority, and whichever core one lands on loses that share
-    to it. Measured with the sides identical in expectation (bench/real_ab.py, light
-    phase, 2026-12-06), a replica whose core hosted the other replica's engine core ran
-    its steps up to 2.5x slower for a whole window, and the side that happened to be
-    chosen decided the window. Pinned, each replica is one core, as a deployed replica
+    to it. Measured with the sides identical in expectation (bench/real_ab.py's light
+    phase, docs/benchmarks.md, 2026-12-06), the replica whose core hosted an engine core
+    served 1.5-2.9x fewer tokens a second for a whole window, so the core the scheduler
+    happened to choose decided the window; pinned whole, the block-to-block spread fell
+    4-6x. Pinned, each replica is one core, as a deployed replica
     has hosts of its own; what floats are the gateways and the load generator, which
     are shared by design."""
     if server.proc is None:
