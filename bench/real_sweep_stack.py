@@ -102,6 +102,22 @@ def replica_env(index: int, bind: str) -> dict[str, str]:
     return {"VLLM_CPU_OMP_THREADS_BIND": "nobind"}
 
 
+def server_threads(server: VllmServer, skip_comm: str = "") -> list[int]:
+    """The thread ids of every process of `server` (API server, engine core, worker), those of
+    processes whose name contains `skip_comm` (when given) left out; [] before it starts."""
+    if server.proc is None:
+        return []
+    out: list[int] = []
+    for pid in [server.proc.pid, *descendants(server.proc.pid)]:
+        try:
+            if skip_comm and skip_comm in Path(f"/proc/{pid}/comm").read_text():
+                continue
+            out += [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+        except OSError:
+            continue  # a process that ended meanwhile
+    return out
+
+
 def pin_replica(server: VllmServer, core: int) -> None:
     """Every thread of the server's processes (API server, engine core, worker) to `core`.
 
@@ -112,21 +128,13 @@ def pin_replica(server: VllmServer, core: int) -> None:
     phase, docs/benchmarks.md, 2026-12-06), the replica whose core hosted an engine core
     served 1.5-2.9x fewer tokens a second for a whole window, so the core the scheduler
     happened to choose decided the window; pinned whole, the block-to-block spread fell
-    4-6x. Pinned, each replica is one core, as a deployed replica
-    has hosts of its own; what floats are the gateways and the load generator, which
-    are shared by design."""
-    if server.proc is None:
-        return
-    for pid in [server.proc.pid, *descendants(server.proc.pid)]:
+    4-6x. Each replica is then one core, as a deployed replica has hosts of its own; what
+    floats are the gateways and the load generator, which are shared by design."""
+    for tid in server_threads(server):
         try:
-            tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+            os.sched_setaffinity(tid, {core})
         except OSError:
-            continue
-        for tid in tids:
-            try:
-                os.sched_setaffinity(tid, {core})
-            except OSError:
-                pass  # a thread that ended meanwhile
+            pass  # a thread that ended meanwhile
 
 
 def renice_frontend(server: VllmServer, nice: int) -> None:
@@ -135,17 +143,8 @@ def renice_frontend(server: VllmServer, nice: int) -> None:
     by the workers, fell behind at c=128 (requests sat outside the engine: 20-30 per step
     instead of ~60, 489 vs 691 tok/s capped at 0, the two replicas unequal); on a GPU server
     they have host cores of their own."""
-    if server.proc is None:
-        return
-    for pid in [server.proc.pid, *descendants(server.proc.pid)]:
-        try:
-            if "Worker" in Path(f"/proc/{pid}/comm").read_text():
-                continue
-            tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
-        except OSError:
-            continue
-        for tid in tids:
-            set_nice(tid, nice)
+    for tid in server_threads(server, skip_comm="Worker"):
+        set_nice(tid, nice)
 
 
 class ReplicaPair:

@@ -329,7 +329,7 @@ class TenantEstimator:
         on the real bed `k 0->2: +9.6 %` right after a pause, `-10.1 %` once the mix
         came back, 30 s (the dwell) later."""
         d = _decay(self.half_life_s, dt_s)
-        dm = _decay(self.mix_half_life_s, min(max(dt_s, 0.0), self.mix_half_life_s))
+        dm = _decay(self.mix_half_life_s, min(dt_s, self.mix_half_life_s))
         aging = None if serving is None else set(serving)
         for s in self.method_sums.values():
             s.scale(d)
