@@ -126,33 +126,44 @@ def replica_rate(profile: str, mix: dict[str, float], caps: dict[str, int], tena
     return b * tokens / step * min(1.0, batch)
 
 
-def phase_bound(concurrency: int, mix: dict[str, float], tenants: dict[str, TenantSpec], profiles: list[str],
-                replicas: int = 2, gpu: str = "h200", model: str = "qwen3-8b") -> BoundChoice:
-    """The best choice for one phase (see the module docstring)."""
+def shared_bound(concurrency: int, mix: dict[str, float], tenants: dict[str, TenantSpec], profiles: list[str],
+                 replicas: int = 2, gpu: str = "h200", model: str = "qwen3-8b") -> BoundChoice:
+    """The best choice with every replica running the same profile and the whole mix."""
     mix = _normalised(mix)
     names = sorted(mix)
     best = BoundChoice(0.0, ())
-    # Shared: every replica runs the same profile and the whole mix.
     for profile in profiles:
         for combo in itertools.product(_caps(profile), repeat=len(names)):
             caps = dict(zip(names, combo))
             rate = replicas * replica_rate(profile, mix, caps, tenants, concurrency / replicas, gpu, model)
             if rate > best.rate_tok_s:
                 best = BoundChoice(rate, tuple((profile, tuple(caps.items())) for _ in range(replicas)))
-    # Split: with two tenants and two replicas, one replica each.
-    if len(names) == 2 and replicas == 2:
-        per_tenant = {}
-        for t in names:
-            choices = []
-            for profile in profiles:
-                for k in _caps(profile):
-                    rate = replica_rate(profile, {t: 1.0}, {t: k}, tenants, concurrency * mix[t], gpu, model)
-                    choices.append((rate, profile, k))
-            per_tenant[t] = max(choices)
-        rate = sum(v[0] for v in per_tenant.values())
-        if rate > best.rate_tok_s:
-            best = BoundChoice(rate, tuple((per_tenant[t][1], ((t, per_tenant[t][2]),)) for t in names))
     return best
+
+
+def apart_bound(concurrency: int, mix: dict[str, float], tenants: dict[str, TenantSpec], profiles: list[str],
+                replicas: int = 2, gpu: str = "h200", model: str = "qwen3-8b") -> BoundChoice | None:
+    """The best choice with two tenants on two replicas, one replica each (its closed-loop
+    clients going to its own replica, however unequal the two loads); None for other shapes."""
+    mix = _normalised(mix)
+    names = sorted(mix)
+    if len(names) != 2 or replicas != 2:
+        return None
+    per_tenant = {}
+    for t in names:
+        per_tenant[t] = max((replica_rate(profile, {t: 1.0}, {t: k}, tenants, concurrency * mix[t], gpu, model),
+                             profile, k) for profile in profiles for k in _caps(profile))
+    return BoundChoice(sum(v[0] for v in per_tenant.values()),
+                       tuple((per_tenant[t][1], ((t, per_tenant[t][2]),)) for t in names))
+
+
+def phase_bound(concurrency: int, mix: dict[str, float], tenants: dict[str, TenantSpec], profiles: list[str],
+                replicas: int = 2, gpu: str = "h200", model: str = "qwen3-8b") -> BoundChoice:
+    """The best choice for one phase (see the module docstring): the tenants sharing the
+    replicas or kept apart, whichever the model prices higher."""
+    shared = shared_bound(concurrency, mix, tenants, profiles, replicas, gpu, model)
+    apart = apart_bound(concurrency, mix, tenants, profiles, replicas, gpu, model)
+    return apart if apart is not None and apart.rate_tok_s > shared.rate_tok_s else shared
 
 
 def static_price(profile: str, concurrency: int, mix: dict[str, float], tenants: dict[str, TenantSpec],

@@ -15,7 +15,7 @@ One run compares, on simulated H200 + Qwen3-8B replicas (drafters.sim):
   bound per phase (bench/control_bound.py: the best per-replica profile x
   per-tenant cap x tenant placement, priced with the simulator's own truth);
 * with `--sensitivity`, the trace again on simulated truths the controller's
-  model does not share (`PERTURBATIONS`: the drafter's pass x0.5 / x2, K=0
+  model does not share (`DSPARK_PERTURBATIONS`: the drafter's pass x0.5 / x2, K=0
   steps that still pay the drafter, a steep DFlash-like acceptance decay, a
   tenant whose acceptance drifts, adaptive verification budgeting with
   vLLM's start-up cost tables instead of the real step cost), K tables
@@ -31,8 +31,11 @@ fleet-wide drafter checkpoint: ngram needs none, and an `off` replica stays
 drafter-less), priced by the simulator's ngram truth
 (`drafters.sim.ngram_acceptance`: proposals in some steps, copies accepted
 whole or left early, the proposer's CPU time in every step) -- assumptions
-the controller's model does not share. The `--sensitivity` perturbations
-describe a DSpark drafter and are refused there.
+the controller's model does not share. Its `--sensitivity` perturbations
+(`NGRAM_PERTURBATIONS`) are prompt lookup's own: the search's CPU time x10,
+the search run at K=0 (stock vLLM), `code` proposing half as often, `code`'s
+copies matching less as the trace goes on, and `chat` quoting its context as
+`code` does.
 
 specgate here is the shipped code, driven by the simulator's public
 interface (`Simulation.snapshot` / `replica_views` / `submit` /
@@ -97,7 +100,7 @@ from drafters.sim import (  # noqa: E402
     Simulation,
     TenantSpec,
 )
-from bench.control_bound import phase_bound, static_price  # noqa: E402
+from bench.control_bound import apart_bound, phase_bound, shared_bound, static_price  # noqa: E402
 from gateway.policy_watch import PolicyView  # noqa: E402
 from gateway.replicas import ReplicaState  # noqa: E402
 from gateway.routing import RouteRequest, rank_replicas  # noqa: E402
@@ -107,6 +110,31 @@ from testbed.stats import percentile  # noqa: E402
 GPU, MODEL = "h200", "qwen3-8b"
 KTABLE_PREFIX = "k-table"
 REPLICAS = 2  # every policy gets the same two simulated H200s
+
+
+# Structural perturbations (--sensitivity): a simulated truth the controller's
+# model does not share (drafters.sim.EngineConfig fields); the controller keeps
+# its online learning (step cost from /metrics, acceptance from telemetry).
+# Each fleet perturbs what its drafter is made of.
+DSPARK_PERTURBATIONS: dict[str, dict] = {
+    "drafter pass x0.5": {"drafter_cost_scale": 0.5},
+    "drafter pass x2": {"drafter_cost_scale": 2.0},
+    "K=0 still pays the drafter (vLLM 0.32 V2)": {"k0_pays_drafter": True},
+    "steep (DFlash-like) acceptance decay": {"drafter_family": "dflash"},
+    "code acceptance drifts -0.3 logit/min": {"acceptance_drift": (("code", -0.3),)},
+    "adaptive verification budgets at its start-up tables (ctx 8192, vLLM 0.32)": {"av_profile_context": 8192.0},
+}
+# Prompt lookup: its CPU search dearer (a slow host; x10 makes it ~1.4 ms of a ~12 ms step at 64
+# requests), the search run at K=0 too (stock vLLM, no plugin), a tenant whose text repeats its
+# context less, one whose copies stop matching as the trace goes on, and a sampled tenant whose
+# text quotes its context (the method's prior says sampled text accepts nothing).
+NGRAM_PERTURBATIONS: dict[str, dict] = {
+    "proposer search x10": {"drafter_cost_scale": 10.0},
+    "K=0 still searches (stock vLLM, no plugin)": {"k0_pays_drafter": True},
+    "code proposes half as often": {"ngram_propose_scale": (("code", 0.5),)},
+    "code whole-match drifts -0.3 logit/min": {"acceptance_drift": (("code", -0.3),)},
+    "chat quotes its context as code does": {"ngram_behaves_as": (("chat", "code"),)},
+}
 
 
 @dataclass(frozen=True)
@@ -120,15 +148,17 @@ class Fleet:
     k_table_profile: str
     controller_start: str
     drafter: dict | None
+    perturbations: dict[str, dict]
 
 
 FLEETS: dict[str, Fleet] = {
     # The simulated DSpark replicas load a drafter for every block size a profile names.
     "dspark": Fleet("dspark", ("off", "dspark-b4", "dspark-b4-av", "dspark-b8", "dspark-b8-av", "dspark-b16",
                                "dspark-b16-av"), "dspark-b8", "dspark-b8-av",
-                    {"method": "dspark", "speculative_tokens": max(BLOCK_SIZES)}),
+                    {"method": "dspark", "speculative_tokens": max(BLOCK_SIZES)}, DSPARK_PERTURBATIONS),
     # ngram needs no checkpoint: the controller may re-size an ngram replica, never draft on an off one.
-    "ngram": Fleet("ngram", ("off", "ngram-k2", "ngram-k4", "ngram-k8"), "ngram-k8", "ngram-k8", None),
+    "ngram": Fleet("ngram", ("off", "ngram-k2", "ngram-k4", "ngram-k8"), "ngram-k8", "ngram-k8", None,
+                   NGRAM_PERTURBATIONS),
 }
 RESTART_S = 30.0  # simulated replica restart (drain done) to ready: vLLM start-up incl. CUDA-graph capture
 CONTROLLERS = ("controller", "controller(knobs-only)")
@@ -164,17 +194,6 @@ def is_k_table(policy: str) -> bool:
     return policy.startswith(KTABLE_PREFIX)
 
 
-# Structural perturbations (--sensitivity): a simulated truth the controller's
-# model does not share (drafters.sim.EngineConfig fields); the controller keeps
-# its online learning (step cost from /metrics, acceptance from telemetry).
-PERTURBATIONS: dict[str, dict] = {
-    "drafter pass x0.5": {"drafter_cost_scale": 0.5},
-    "drafter pass x2": {"drafter_cost_scale": 2.0},
-    "K=0 still pays the drafter (vLLM 0.32 V2)": {"k0_pays_drafter": True},
-    "steep (DFlash-like) acceptance decay": {"drafter_family": "dflash"},
-    "code acceptance drifts -0.3 logit/min": {"acceptance_drift": (("code", -0.3),)},
-    "adaptive verification budgets at its start-up tables (ctx 8192, vLLM 0.32)": {"av_profile_context": 8192.0},
-}
 
 
 # ---------------------------------------------------------------------------
@@ -567,6 +586,12 @@ def run_trace(args, settings: Settings, policies: list[str], phases: list[Phase]
                                                                GPU, MODEL))
     print(f"    {'upper bound (model)':<28}" + "".join(f"{b.rate_tok_s:10.0f} " for b in bounds))
     print(f"    {'static sim/model':<28}" + "".join(f"{g:10.3f} " for g in gaps))
+    # What keeping tenants apart (routing by batch composition, issue 30 item 6) could be worth on
+    # this truth: the model's best with one tenant per replica over its best with the mix shared.
+    apart = [apart_bound(ph.concurrency, ph.mix, TENANTS, list(kind.statics), REPLICAS, GPU, MODEL) for ph in phases]
+    print(f"    {'apart/shared (model)':<28}" + "".join(
+        f"{a.rate_tok_s / shared_bound(ph.concurrency, ph.mix, TENANTS, list(kind.statics), REPLICAS, GPU, MODEL).rate_tok_s:10.3f} "
+        if a is not None else f"{'--':>10} " for a, ph in zip(apart, phases)))
     for r in (x for x in rows if x.policy in CONTROLLERS):
         print(f"    {r.policy + '/bound':<28}" + "".join(
             f"{r.phase_tokens[i] / d / max(b.rate_tok_s, 1):10.3f} " for i, b in enumerate(bounds)))
@@ -584,7 +609,8 @@ def main() -> None:
     ap.add_argument("--sweep-only", action="store_true")
     ap.add_argument("--trace-only", action="store_true")
     ap.add_argument("--sensitivity", action="store_true",
-                    help="also run the trace under each structural perturbation (PERTURBATIONS) of the simulated truth")
+                    help="also run the trace under each structural perturbation of the simulated truth (the fleet's "
+                         "DSPARK_PERTURBATIONS / NGRAM_PERTURBATIONS)")
     ap.add_argument("--fleet", choices=sorted(FLEETS), default="dspark",
                     help="the replicas' speculation: DSpark drafters (default) or vLLM's ngram prompt lookup")
     ap.add_argument("--points", type=str, default="", help="comma-separated sweep concurrencies (default: all)")
@@ -600,9 +626,6 @@ def main() -> None:
                          "(repeatable)")
     args = ap.parse_args()
     kind = FLEETS[args.fleet]
-    if args.sensitivity and kind.name != "dspark":
-        ap.error("--sensitivity perturbs a DSpark drafter's truth (PERTURBATIONS); it has nothing to perturb on "
-                 f"--fleet {kind.name}")
     settings = bench_settings(args.config, args.assignments, kind)
     t_start = time.time()
     ktables = list(k_table_candidates(args.quick))
@@ -655,7 +678,7 @@ def main() -> None:
             print("\n(c) structural sensitivity: the same trace on a simulated truth the controller's model does not "
                   "share (its online learning on); K tables re-tuned per truth")
             results = {"as modelled": r, **{name: run_trace(args, settings, policies, phases, truth, name)
-                                            for name, truth in PERTURBATIONS.items()}}
+                                            for name, truth in kind.perturbations.items()}}
             print(f"\n  {'truth':<44} {'ctrl/best static':>17} {'ctrl/tuned K':>13}")
             for name, res in results.items():
                 print(f"  {name:<44} {res['vs_best_static']:17.3f} {res['vs_k_table']:13.3f}")

@@ -39,7 +39,8 @@ replica, i.e. per side):
 
 * `mixed` (issue 30's scenario a): tenants `greedy` (T=0) and `temp1` (T=1),
   phases light c=2, heavy c=64, medium c=12 (real_sweep.py's trace: c=2/128/24
-  over two replicas). Baselines: always-on, always-off, the k-table, hand-set.
+  over two replicas). Baselines: always-on, always-off, the k-table, hand-set,
+  vllm-table.
 * `ramp` (scenario b): the same tenants, the concurrency rising from 2 to 64 and
   falling back in `--ramp-steps` levels of `--ramp-step-s` seconds (the mean
   batch never sits still); one segment, the whole ramp. Baselines: the k-table,
@@ -60,7 +61,14 @@ Policies (every one a gateway config on the same replicas):
   what real_sweep.py's grid search over the real engine flag chose on this bed,
   B in 4, 8, 16; that bench runs the flag itself, with replica restarts);
 * `hand-set`: each tenant's best single setting as an operator who knows them
-  would configure it: the greedy tenants on (K=8), `temp1` off.
+  would configure it: the greedy tenants on (K=8), `temp1` off;
+* `vllm-table`: the same table as vLLM's own engine flag: the baseline's replica
+  restarted with `num_speculative_tokens_per_batch_size: [[1, B, 8], [B+1,
+  max_num_seqs, 0]]`, its gateway with no knobs. Both replicas restart when a
+  block needs another launch than the one before (into a `vllm-table` block,
+  between its two sides, and out of it), on the ports they had, so the kept
+  controllers keep their replica; each boot is checked for the #55005 fix and
+  warmed like the first.
 
 Reported per scenario and segment: tok/s per policy (client and engine), the
 controller's ratio to every baseline and to the best of them with 95 %
@@ -70,7 +78,7 @@ goodput per tenant (requests per second whose TPOT met `--tpot-target-ms`, as
 tenant pay for the controller's choices), the controller's policy changes per
 minute, the load generator's CPU share, and the issue's verdicts.
 
-Time on this 2-core machine (printed with the plan): full ~80 min
+Time on this 2-core machine (printed with the plan): full ~105 min
 (`--pairs mixed:2,ramp:2,similar:2`); `--quick` ~9 min. The machine must be
 otherwise idle. Invoke (after scripts/bootstrap.sh and scripts/setup_vllm_env.sh):
 
@@ -126,9 +134,10 @@ from testbed.phases import Phase  # noqa: E402
 from testbed.vllm_server import cpu_dtype  # noqa: E402
 
 CONTROLLER = "controller"
-BASELINES = ("always-on", "always-off", "k-table", "hand-set")
+VLLM_TABLE = "vllm-table"
+BASELINES = ("always-on", "always-off", "k-table", "hand-set", VLLM_TABLE)
 BLOCK_OVERHEAD_S = 12.0  # two gateways started, healthy, stopped; the controller side's admin reads
-BOOT_ESTIMATE_S = 60.0
+BOOT_ESTIMATE_S = 60.0  # both replicas booted at once, pinned, checked and warmed
 WARM_UP_SEED = 10_000  # the warm-up passes' prompt streams differ from every block's (seed + block index)
 
 
@@ -219,9 +228,35 @@ def block_seconds(scenario: Scenario) -> float:
     return BLOCK_OVERHEAD_S + sum(p.duration_s + 0.5 for p in scenario.phases)
 
 
+def block_launches(block: BlockPlan, table_b: int) -> tuple[LaunchConfig, LaunchConfig]:
+    """The launch config of r0 and r1 for a block: stock ngram K=8, but for `vllm-table` the
+    baseline's replica runs vLLM's own batch-size -> K table (the controller's stays stock)."""
+    stock = LaunchConfig("ngram")
+    if block.baseline != VLLM_TABLE:
+        return stock, stock
+    table = LaunchConfig("table", table_b)
+    return (stock, table) if block.side == 1 else (table, stock)
+
+
+def boots_in(plan: list[BlockPlan], table_b: int, cold: bool = False) -> int:
+    """How many times the replicas restart over the plan (the first boot not counted): for each
+    block's launches, and back to stock before a scenario's kept controllers warm up."""
+    stock = (LaunchConfig("ngram"),) * 2
+    current, boots, scenario = stock, 0, None
+    for block in plan:
+        wanted = [block_launches(block, table_b)]
+        if not cold and block.scenario != scenario:
+            wanted.insert(0, stock)
+            scenario = block.scenario
+        for launches in wanted:
+            boots += launches != current
+            current = launches
+    return boots
+
+
 def print_plan(plan: list[BlockPlan], by_name: dict[str, Scenario], args: argparse.Namespace) -> None:
     controller = "fresh gateways per block" if args.cold else "kept per scenario, warmed on one pass of its trace"
-    print(f"[real_ab] plan ({'quick' if args.quick else 'full'}; the controller {controller}; k-table B<={args.table_b} via the plugin; "
+    print(f"[real_ab] plan ({'quick' if args.quick else 'full'}; the controller {controller}; k-table B<={args.table_b} via the plugin, {VLLM_TABLE} via the engine flag; "
           f"TPOT target {args.tpot_target_ms:.0f} ms):")  # fmt: skip
     for name in dict.fromkeys(b.scenario for b in plan):
         sc = by_name[name]
@@ -233,7 +268,10 @@ def print_plan(plan: list[BlockPlan], by_name: dict[str, Scenario], args: argpar
         n = sum(1 for b in plan if b.scenario == name)
         print(f"  {name}: tenants {', '.join(sc.tenants)}; {segs}; baselines {', '.join(sc.baselines)}; "
               f"{n} blocks of ~{block_seconds(sc):.0f}s")  # fmt: skip
-    seconds = BOOT_ESTIMATE_S + sum(block_seconds(by_name[b.scenario]) for b in plan)
+    restarts = boots_in(plan, args.table_b, args.cold)
+    seconds = BOOT_ESTIMATE_S * (1 + restarts) + sum(block_seconds(by_name[b.scenario]) for b in plan)
+    if restarts:
+        print(f"  {restarts} restarts of both replicas for the {VLLM_TABLE} blocks (~{BOOT_ESTIMATE_S:.0f}s each)")
     if not args.cold:  # one warm-up pass per scenario
         seconds += sum(block_seconds(by_name[name]) for name in dict.fromkeys(b.scenario for b in plan))
     print(f"[real_ab] ETA ~{seconds / 60:.0f} min, finishing ~{time.strftime('%H:%M', time.localtime(time.time() + seconds))}",
@@ -246,7 +284,7 @@ def print_plan(plan: list[BlockPlan], by_name: dict[str, Scenario], args: argpar
 
 def side_config(policy: str, scenario: Scenario, table_b: int) -> tuple[dict | None, dict | None]:
     """(policy for every tenant, per-tenant overrides) of a gateway running `policy`."""
-    if policy in (CONTROLLER, "always-on"):
+    if policy in (CONTROLLER, "always-on", VLLM_TABLE):  # vllm-table: the table is the engine's
         return None, None
     if policy == "always-off":
         return {"enabled": False}, None
@@ -432,6 +470,18 @@ def one_line(rec: dict) -> str:
 # the run
 
 
+def relaunch(pair: ReplicaPair, launches: tuple[LaunchConfig, LaunchConfig], args: argparse.Namespace) -> dict | None:
+    """Restart both replicas if `launches` differs from what they run, check the bed and warm
+    them as after the first boot; the engine fixes per replica, None when nothing restarted."""
+    booted = pair.ensure_each(launches)
+    if not booted:
+        return None
+    print(f"[real_ab] replicas restarted as {' / '.join(c.label for c in launches)} in {booted:.0f}s", flush=True)
+    fixes = check_bed(pair.urls, launches[0], args.allow_broken_engine)
+    asyncio.run(warm_up(pair.urls))
+    return fixes
+
+
 def run_plan(plan: list[BlockPlan], by_name: dict[str, Scenario], args: argparse.Namespace, log_dir: Path,
              out: Path) -> list[dict]:  # fmt: skip
     model = ensure_model()
@@ -455,11 +505,14 @@ def run_plan(plan: list[BlockPlan], by_name: dict[str, Scenario], args: argparse
             if not args.cold and (kept is None or kept.scenario is not scenario):
                 if kept is not None:
                     kept.stop()
+                fixes = relaunch(pair, (launch, launch), args) or fixes  # the controllers warm on stock replicas
                 kept = KeptControllers(scenario, pair, redis, log_dir, args)
                 warm_ups.append(kept.warm(pair, args, seed=args.seed + WARM_UP_SEED + len(warm_ups)))
                 print(warm_up_line(warm_ups[-1]), flush=True)
+            launches = block_launches(block, args.table_b)
+            fixes = relaunch(pair, launches, args) or fixes
             rec = run_block(block, scenario, pair, redis, log_dir, args, i, kept)
-            blocks.append({**rec, "engine_fixes": fixes})
+            blocks.append({**rec, "engine_fixes": fixes, "launches": [c.label for c in launches]})
             print(f"{one_line(blocks[-1])} [{i}/{len(plan)}]", flush=True)
             save(out, args, blocks, None, warm_ups)
     finally:

