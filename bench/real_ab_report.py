@@ -27,12 +27,15 @@ from typing import Any
 
 from real_sweep_report import tenant_changes
 
+from controller.step_cost import StepCurve, StepPoint
 from testbed.crossover import Block, Ratio, crossover_ratios, fmt_ratio, geometric_mean, worst_case
 from testbed.report import table
 from testbed.stats import percentile
 
 CONTROLLER = "controller"
 COST_THRESHOLD = 0.03  # issue 30: a tenant never drafts where that costs it more than 3 %
+STEP_COST_TARGET = 0.10  # issue 30: the learner's step time within 10 % of the measured steps (median)
+STEP_COST_MIN_EVIDENCE_S = 1.0  # a binned point counts with at least this much engine time behind it
 
 
 # ---------------------------------------------------------------------------
@@ -154,6 +157,46 @@ def changes_per_minute(blocks: list[dict], segment: str, tenants: list[str]) -> 
     return out
 
 
+def step_cost_fit(blocks: list[dict]) -> dict | None:
+    """Each controller's learned step cost at the end of each block against the engine-timed
+    points it was fitted on (`/admin/replicas` -> regime.step_cost; points with at least
+    `STEP_COST_MIN_EVIDENCE_S` behind them), priced as the learner prices them (`StepPoint.
+    predicted_s`: a point's prefill bursts included). In-sample: the same binned points.
+    None when no controller exported an engine-timed curve."""
+    errors: list[float] = []
+    per_block: list[float] = []
+    shapes: list[tuple[float, float, float]] = []
+    for block in blocks:
+        for side in block["sides"]:
+            replicas = ((side.get("controller") or {}).get("replicas") or {}).get("data") or []
+            for replica in replicas:
+                sc = (replica.get("regime") or {}).get("step_cost") or {}
+                if not sc.get("learned") or sc.get("source") != "engine-timed steps":
+                    continue
+                curve = StepCurve(sc["flat_ms"] / 1e3, sc["knee_tokens"], sc["slope_ms_per_token"] / 1e3,
+                                  sc["draft_ms_per_request"] / 1e3, sc["draft_fixed_ms"] / 1e3, sc["request_ms"] / 1e3)
+                mine = []
+                for tokens, ms, drafting, share, weight, burst, burst_share, requests in sc.get("observed", []):
+                    if weight < STEP_COST_MIN_EVIDENCE_S or ms <= 0:
+                        continue
+                    q = min(max(burst_share, 0.0), 1.0)  # `observed` gives the mean tokens, bursts included
+                    point = StepPoint(tokens - q * burst, ms / 1e3, drafting, share, weight, burst, burst_share, requests)
+                    mine.append(abs(point.predicted_s(curve) / point.step_s - 1.0))
+                if mine:
+                    errors += mine
+                    per_block.append(statistics.median(mine))
+                    shapes.append((sc["flat_ms"], sc["knee_tokens"], sc["slope_ms_per_token"]))
+    if not errors:
+        return None
+    return {
+        "points": len(errors), "curves": len(per_block), "median_error": statistics.median(errors),
+        "per_curve": (min(per_block), max(per_block)),
+        "flat_ms": (min(f for f, _, _ in shapes), max(f for f, _, _ in shapes)),
+        "knee_tokens": (min(k for _, k, _ in shapes), max(k for _, k, _ in shapes)),
+        "slope_ms_per_token": (min(x for _, _, x in shapes), max(x for _, _, x in shapes)),
+    }  # fmt: skip
+
+
 def summarize(blocks: list[dict], tpot_target_ms: float) -> dict:
     summary: dict[str, Any] = {"tpot_target_ms": tpot_target_ms, "scenarios": {}}
     for name in dict.fromkeys(b["scenario"] for b in blocks):
@@ -183,6 +226,7 @@ def summarize(blocks: list[dict], tpot_target_ms: float) -> dict:
         for key, baseline in (("geomean_vs_k_table", "k-table"), ("geomean_vs_vllm_table", "vllm-table")):
             by_table = [entry["segments"][s]["client"][baseline] for s in segments if baseline in entry["segments"][s]["client"]]
             entry[key] = geometric_mean(by_table) if len(by_table) == len(segments) else None
+        entry["step_cost"] = step_cost_fit(mine)
         summary["scenarios"][name] = entry
     summary["verdicts"] = verdicts(summary)
     return summary
@@ -229,6 +273,12 @@ def verdicts(summary: dict) -> list[str]:
             out.append(f"(b) ramp: controller / k-table >= 1.02: {_meets(data['client'].get('k-table'), 1.02, 1.02)}")
     if "similar" in scen:
         out.append(f"(c) similar: geomean controller / k-table >= 0.98: {_meets(scen['similar']['geomean_vs_k_table'], 0.98, 0.98)}")
+    fits = {name: e["step_cost"] for name, e in scen.items() if e.get("step_cost")}
+    if fits:
+        worst = max(f["median_error"] for f in fits.values())
+        out.append(f"the learned step cost within {STEP_COST_TARGET:.0%} of the engine-timed steps (median |error|, "
+                   f"in-sample): {'met' if worst <= STEP_COST_TARGET else 'MISSED'} ("
+                   + ", ".join(f"{n} {f['median_error']:.1%} over {f['points']} points" for n, f in fits.items()) + ")")
     return out
 
 
@@ -269,6 +319,13 @@ def report_scenario(name: str, entry: dict) -> str:
         out.append(f"geomean over segments, controller / k-table: {fmt_ratio(entry['geomean_vs_k_table'])}")
     if entry.get("geomean_vs_vllm_table"):
         out.append(f"geomean over segments, controller / vllm-table (engine flag): {fmt_ratio(entry['geomean_vs_vllm_table'])}")
+    fit = entry.get("step_cost")
+    if fit:
+        out.append(f"learned step cost against its engine-timed points (in-sample, >= {STEP_COST_MIN_EVIDENCE_S:.0f} s each): "
+                   f"median |error| {fit['median_error']:.1%} over {fit['points']} points of {fit['curves']} curves "
+                   f"(per curve {fit['per_curve'][0]:.1%}-{fit['per_curve'][1]:.1%}); flat {fit['flat_ms'][0]:.0f}-"
+                   f"{fit['flat_ms'][1]:.0f} ms, knee {fit['knee_tokens'][0]:.1f}-{fit['knee_tokens'][1]:.1f} tokens, "
+                   f"{fit['slope_ms_per_token'][0]:.2f}-{fit['slope_ms_per_token'][1]:.2f} ms a token above it")
     out.append(f"load generator: {_f((entry['load_cpu_share'] or 0) * 100)} % of a core (median over blocks)")
     shares = {p: v for p, v in (entry.get("gateway_cpu_share") or {}).items() if v is not None}
     if shares:
