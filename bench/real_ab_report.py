@@ -27,7 +27,7 @@ from typing import Any
 
 from real_sweep_report import tenant_changes
 
-from controller.step_cost import StepCurve, StepPoint
+from controller.step_cost import described_curve, described_points
 from testbed.crossover import Block, Ratio, crossover_ratios, fmt_ratio, geometric_mean, worst_case
 from testbed.report import table
 from testbed.stats import percentile
@@ -173,15 +173,9 @@ def step_cost_fit(blocks: list[dict]) -> dict | None:
                 sc = (replica.get("regime") or {}).get("step_cost") or {}
                 if not sc.get("learned") or sc.get("source") != "engine-timed steps":
                     continue
-                curve = StepCurve(sc["flat_ms"] / 1e3, sc["knee_tokens"], sc["slope_ms_per_token"] / 1e3,
-                                  sc["draft_ms_per_request"] / 1e3, sc["draft_fixed_ms"] / 1e3, sc["request_ms"] / 1e3)
-                mine = []
-                for tokens, ms, drafting, share, weight, burst, burst_share, requests in sc.get("observed", []):
-                    if weight < STEP_COST_MIN_EVIDENCE_S or ms <= 0:
-                        continue
-                    q = min(max(burst_share, 0.0), 1.0)  # `observed` gives the mean tokens, bursts included
-                    point = StepPoint(tokens - q * burst, ms / 1e3, drafting, share, weight, burst, burst_share, requests)
-                    mine.append(abs(point.predicted_s(curve) / point.step_s - 1.0))
+                curve = described_curve(sc)
+                mine = [abs(p.predicted_s(curve) / p.step_s - 1.0) for p in described_points(sc)
+                        if p.weight >= STEP_COST_MIN_EVIDENCE_S and p.step_s > 0]
                 if mine:
                     errors += mine
                     per_block.append(statistics.median(mine))

@@ -35,6 +35,7 @@ import statistics
 from collections.abc import Iterable
 from typing import Any
 
+from controller.step_cost import described_curve
 from testbed.report import policy_label, table
 from testbed.stats import percentile
 
@@ -414,15 +415,12 @@ def learned_at_cells(cells: dict, fit: dict | None) -> tuple[float | None, float
     engine = 1000.0 * sum(v[1] for v in cells.values()) / steps
     if not fit or fit.get("flat_ms") is None:
         return engine, None
+    curve = described_curve(fit)
     learned = 0.0
     for key, (n, _, requests, tokens, _) in cells.items():
         drafting = key.split(",")[-1] == "1"
-        r, per_step_tokens = requests / n, tokens / n
-        t = (fit["flat_ms"] + fit.get("request_ms", 0.0) * r
-             + fit["slope_ms_per_token"] * max(0.0, per_step_tokens - fit["knee_tokens"]))
-        if drafting:
-            t += fit.get("draft_fixed_ms", 0.0) + fit.get("draft_ms_per_request", 0.0) * r
-        learned += n * t
+        r = requests / n
+        learned += n * 1000.0 * curve.step_time_s(tokens / n, r if drafting else 0.0, 1.0 if drafting else 0.0, r)
     return engine, learned / steps
 
 

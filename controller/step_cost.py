@@ -438,3 +438,23 @@ class StepCostLearner:
             ],
             "curve": [[n, round(c.step_time_s(n, requests=n) * 1e3, 2)] for n in grid],  # N requests of a token each
         }
+
+
+def described_curve(described: Mapping) -> StepCurve:
+    """The curve a `StepCostLearner.describe()` wrote (the benchmarks read it back from
+    /admin/replicas). Terms an older export lacks count as 0."""
+    return StepCurve(
+        described["flat_ms"] / 1e3, described["knee_tokens"], described["slope_ms_per_token"] / 1e3,
+        described.get("draft_ms_per_request", 0.0) / 1e3, described.get("draft_fixed_ms", 0.0) / 1e3,
+        described.get("request_ms", 0.0) / 1e3,
+    )  # fmt: skip
+
+
+def described_points(described: Mapping) -> list[StepPoint]:
+    """The binned points a `describe()` wrote under "observed" (rounded as written there):
+    its mean tokens per step, prefill bursts included, back to the tokens every step verifies."""
+    out = []
+    for tokens, ms, drafting, share, weight, burst, burst_share, requests in described.get("observed", []):
+        q = min(max(burst_share, 0.0), 1.0)
+        out.append(StepPoint(tokens - q * burst, ms / 1e3, drafting, share, weight, burst, burst_share, requests))
+    return out

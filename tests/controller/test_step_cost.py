@@ -21,6 +21,8 @@ from controller.step_cost import (
     StepCostLearner,
     StepCurve,
     StepPoint,
+    described_curve,
+    described_points,
     fit_step_curve,
 )
 
@@ -303,6 +305,31 @@ def test_engine_timed_steps_tell_one_long_verify_from_many_requests():
     for p in learner.points():
         assert p.predicted_s(fitted) == pytest.approx(p.step_s, rel=0.10)
     assert learner.describe()["source"] == "engine-timed steps"
+
+
+def test_what_describe_writes_reads_back_as_the_same_curve_and_points():
+    """The benchmarks read the learned curve and its points back from /admin/replicas
+    (`described_curve`, `described_points`): the same curve, the same points, up to the
+    export's rounding; an export without the later terms reads them as 0."""
+    truth = StepCurve(0.004, 64, 0.004 / 64, draft_s=0.0001, draft_fixed_s=0.0005, request_s=0.0006)
+    learner = StepCostLearner()
+    rng = random.Random(6)
+    shapes = [(r, r * (1 + k), k > 0) for r in (1, 4, 16, 64) for k in (0, 3)]
+    for _ in range(5):
+        assert learner.observe_cells(1.0, timed_cells(truth, shapes, rng))
+    described = learner.describe()
+    fitted, read = learner.current(), described_curve(described)
+    for name in ("flat_s", "knee_tokens", "slope_s", "draft_s", "draft_fixed_s", "request_s"):
+        assert getattr(read, name) == pytest.approx(getattr(fitted, name), rel=1e-3, abs=1e-7)
+    points = sorted(learner.points(), key=lambda p: p.mean_tokens)
+    back = described_points(described)
+    assert len(back) == len(points) > 4
+    for original, copy in zip(points, back):
+        assert copy.mean_tokens == pytest.approx(original.mean_tokens, abs=0.1)
+        assert copy.predicted_s(read) == pytest.approx(original.predicted_s(fitted), rel=1e-2)
+        assert copy.step_s == pytest.approx(original.step_s, rel=1e-2)
+    old = described_curve({"flat_ms": 30.0, "knee_tokens": 5.0, "slope_ms_per_token": 1.0})
+    assert old == StepCurve(0.03, 5.0, 0.001)
 
 
 def test_empty_cells_are_not_an_observation():
