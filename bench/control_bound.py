@@ -161,8 +161,12 @@ def phase_bound(concurrency: int, mix: dict[str, float], tenants: dict[str, Tena
                 replicas: int = 2, gpu: str = "h200", model: str = "qwen3-8b") -> BoundChoice:
     """The best choice for one phase (see the module docstring): the tenants sharing the
     replicas or kept apart, whichever the model prices higher."""
-    shared = shared_bound(concurrency, mix, tenants, profiles, replicas, gpu, model)
-    apart = apart_bound(concurrency, mix, tenants, profiles, replicas, gpu, model)
+    return best_of(shared_bound(concurrency, mix, tenants, profiles, replicas, gpu, model),
+                   apart_bound(concurrency, mix, tenants, profiles, replicas, gpu, model))
+
+
+def best_of(shared: BoundChoice, apart: BoundChoice | None) -> BoundChoice:
+    """The placement the model prices higher (shared on a tie)."""
     return apart if apart is not None and apart.rate_tok_s > shared.rate_tok_s else shared
 
 

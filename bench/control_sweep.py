@@ -100,7 +100,7 @@ from drafters.sim import (  # noqa: E402
     Simulation,
     TenantSpec,
 )
-from bench.control_bound import apart_bound, phase_bound, shared_bound, static_price  # noqa: E402
+from bench.control_bound import apart_bound, best_of, phase_bound, shared_bound, static_price  # noqa: E402
 from gateway.policy_watch import PolicyView  # noqa: E402
 from gateway.replicas import ReplicaState  # noqa: E402
 from gateway.routing import RouteRequest, rank_replicas  # noqa: E402
@@ -192,8 +192,6 @@ def k_table_candidates(quick: bool = False) -> dict[str, tuple[tuple[int, int, i
 
 def is_k_table(policy: str) -> bool:
     return policy.startswith(KTABLE_PREFIX)
-
-
 
 
 # ---------------------------------------------------------------------------
@@ -577,10 +575,12 @@ def run_trace(args, settings: Settings, policies: list[str], phases: list[Phase]
     for r in rows:
         cells = "".join(f"{r.phase_tokens[i] / d:10.0f}{'*' if picks[i] is r else ' '}" for i in range(len(phases)))
         print(f"    {r.policy:<28}{cells}")
-    bounds, gaps = [], []
+    bounds, gaps, placements = [], [], []
     for i, ph in enumerate(phases):
-        b = phase_bound(ph.concurrency, ph.mix, TENANTS, list(kind.statics), REPLICAS, GPU, MODEL)
-        bounds.append(b)
+        shared = shared_bound(ph.concurrency, ph.mix, TENANTS, list(kind.statics), REPLICAS, GPU, MODEL)
+        apart = apart_bound(ph.concurrency, ph.mix, TENANTS, list(kind.statics), REPLICAS, GPU, MODEL)
+        placements.append(None if apart is None else apart.rate_tok_s / shared.rate_tok_s)
+        bounds.append(best_of(shared, apart))
         pick = picks[i]
         gaps.append((pick.phase_tokens[i] / d) / static_price(pick.policy, ph.concurrency, ph.mix, TENANTS, REPLICAS,
                                                                GPU, MODEL))
@@ -588,10 +588,8 @@ def run_trace(args, settings: Settings, policies: list[str], phases: list[Phase]
     print(f"    {'static sim/model':<28}" + "".join(f"{g:10.3f} " for g in gaps))
     # What keeping tenants apart (routing by batch composition, issue 30 item 6) could be worth on
     # this truth: the model's best with one tenant per replica over its best with the mix shared.
-    apart = [apart_bound(ph.concurrency, ph.mix, TENANTS, list(kind.statics), REPLICAS, GPU, MODEL) for ph in phases]
-    print(f"    {'apart/shared (model)':<28}" + "".join(
-        f"{a.rate_tok_s / shared_bound(ph.concurrency, ph.mix, TENANTS, list(kind.statics), REPLICAS, GPU, MODEL).rate_tok_s:10.3f} "
-        if a is not None else f"{'--':>10} " for a, ph in zip(apart, phases)))
+    print(f"    {'apart/shared (model)':<28}" + "".join(f"{x:10.3f} " if x is not None else f"{'--':>10} "
+                                                       for x in placements))
     for r in (x for x in rows if x.policy in CONTROLLERS):
         print(f"    {r.policy + '/bound':<28}" + "".join(
             f"{r.phase_tokens[i] / d / max(b.rate_tok_s, 1):10.3f} " for i, b in enumerate(bounds)))

@@ -167,11 +167,6 @@ class ReplicaPair:
         self.ports: list[int | None] = [None, None]
         self.boot_s: list[float] = []
 
-    @property
-    def config(self) -> LaunchConfig | None:
-        """The one launch config both replicas run, None when they differ or are down."""
-        return self.configs[0] if self.configs and len(set(self.configs)) == 1 else None
-
     def spec(self, index: int, config: LaunchConfig) -> VllmServerSpec:
         return VllmServerSpec(
             model_dir=str(self.model),
