@@ -58,8 +58,11 @@ Policies (every one a gateway config on the same replicas):
 * `k-table`: vLLM's batch-size -> K table through the plugin: every tenant
   `speculation: {max_batch: B}` (K=8 in steps of <= B requests, 0 above: the
   rule of `num_speculative_tokens_per_batch_size`). B is `--table-b` (default 8:
-  what real_sweep.py's grid search over the real engine flag chose on this bed,
+  what real_sweep.py's grid search over the real engine flag chose on one bed,
   B in 4, 8, 16; that bench runs the flag itself, with replica restarts);
+  `k-table@B` is the same table with its own B: naming several (`k-table@4+
+  k-table@8+k-table@16`) grid-searches the table inside the A/B, interleaved
+  with everything else, on the bed being measured;
 * `hand-set`: each tenant's best single setting as an operator who knows them
   would configure it: the greedy tenants on (K=8), `temp1` off;
 * `vllm-table`: the same table as vLLM's own engine flag: the baseline's replica
@@ -72,7 +75,10 @@ Policies (every one a gateway config on the same replicas):
 
 Reported per scenario and segment: tok/s per policy (client and engine), the
 controller's ratio to every baseline and to the best of them with 95 %
-intervals, the geometric mean over phases against the k-table, TPOT p50/p99 and
+intervals, the geometric mean over phases against the k-table and against the
+tuned table (the best, for the controller the hardest, of the single-threshold
+tables measured: always-off is B=0, always-on B >= max_num_seqs, every k-table,
+vllm-table), TPOT p50/p99 and
 goodput per tenant (requests per second whose TPOT met `--tpot-target-ms`, as
 `vllm bench serve --goodput tpot:<ms>` counts them), per-tenant ratios (does a
 tenant pay for the controller's choices), the controller's policy changes per
@@ -135,7 +141,8 @@ from testbed.vllm_server import cpu_dtype  # noqa: E402
 
 CONTROLLER = "controller"
 VLLM_TABLE = "vllm-table"
-BASELINES = ("always-on", "always-off", "k-table", "hand-set", VLLM_TABLE)
+BASELINES = ("always-on", "always-off", report.K_TABLE, "hand-set", VLLM_TABLE)
+K_TABLE = report.K_TABLE
 BLOCK_OVERHEAD_S = 12.0  # two gateways started, healthy, stopped; the controller side's admin reads
 BOOT_ESTIMATE_S = 60.0  # both replicas booted at once, pinned, checked and warmed
 WARM_UP_SEED = 10_000  # the warm-up passes' prompt streams differ from every block's (seed + block index)
@@ -282,14 +289,19 @@ def print_plan(plan: list[BlockPlan], by_name: dict[str, Scenario], args: argpar
 # one block
 
 
+def known_baseline(policy: str) -> bool:
+    return policy in BASELINES or report.k_table_b(policy, 1) is not None
+
+
 def side_config(policy: str, scenario: Scenario, table_b: int) -> tuple[dict | None, dict | None]:
     """(policy for every tenant, per-tenant overrides) of a gateway running `policy`."""
     if policy in (CONTROLLER, "always-on", VLLM_TABLE):  # vllm-table: the table is the engine's
         return None, None
     if policy == "always-off":
         return {"enabled": False}, None
-    if policy == "k-table":
-        return {"max_batch": table_b}, None
+    b = report.k_table_b(policy, table_b)
+    if b is not None:
+        return {"max_batch": b}, None
     if policy == "hand-set":
         return None, scenario.hand_set
     raise ValueError(f"unknown policy {policy!r}")
@@ -553,7 +565,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--quick", action="store_true", help="short windows, 1 pair, fewer baselines (~9 min)")
     ap.add_argument("--scenarios", default="mixed,ramp,similar", help="which scenarios, in run order")
     ap.add_argument("--pairs", help="crossover pairs per comparison: N, or mixed:2,ramp:2,similar:2 (default 2; --quick 1)")
-    ap.add_argument("--baselines", help="per scenario, '+'-joined: mixed:always-on+always-off+k-table+hand-set,ramp:k-table")
+    ap.add_argument("--baselines", help="per scenario, '+'-joined: mixed:always-on+always-off+k-table+hand-set,ramp:k-table; "
+                    "k-table@B: the k-table with its own B (several: a grid, the tuned table read off the same blocks)")
     ap.add_argument("--phases", default="light:2,heavy:64,medium:12", help="mixed/similar phases: name:concurrency per replica")
     ap.add_argument("--settle", help="settle seconds per phase (default 8,15,10; --quick 6,10,8)")
     ap.add_argument("--measure", type=float, help="measured seconds per phase (default 25; --quick 12)")
@@ -587,9 +600,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     quick_baselines = {"mixed": ("k-table", "always-off"), "ramp": ("k-table",), "similar": ("k-table",)}
     args.baselines = _per_scenario(args.baselines, lambda v: tuple(v.split("+")), quick_baselines if quick else {})
     for name, chosen in args.baselines.items():
-        unknown = [b for b in chosen if b not in BASELINES]
+        unknown = [b for b in chosen if not known_baseline(b)]
         if unknown:
-            ap.error(f"--baselines {name}: unknown {unknown} (known: {', '.join(BASELINES)})")
+            ap.error(f"--baselines {name}: unknown {unknown} (known: {', '.join(BASELINES)}, {K_TABLE}@B)")
     args.settle = [float(x) for x in (args.settle or ("6,10,8" if quick else "8,15,10")).split(",")]
     args.measure = args.measure or (12.0 if quick else 25.0)
     args.ramp_steps = args.ramp_steps or (9 if quick else 21)
