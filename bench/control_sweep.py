@@ -609,6 +609,9 @@ def main() -> None:
     ap.add_argument("--sensitivity", action="store_true",
                     help="also run the trace under each structural perturbation of the simulated truth (the fleet's "
                          "DSPARK_PERTURBATIONS / NGRAM_PERTURBATIONS)")
+    ap.add_argument("--truths", type=str, default="",
+                    help="with --sensitivity: only the perturbations whose name contains one of these comma-separated "
+                         "strings (e.g. 'K=0'); the as-modelled trace always runs")
     ap.add_argument("--fleet", choices=sorted(FLEETS), default="dspark",
                     help="the replicas' speculation: DSpark drafters (default) or vLLM's ngram prompt lookup")
     ap.add_argument("--points", type=str, default="", help="comma-separated sweep concurrencies (default: all)")
@@ -675,8 +678,10 @@ def main() -> None:
         if args.sensitivity:
             print("\n(c) structural sensitivity: the same trace on a simulated truth the controller's model does not "
                   "share (its online learning on); K tables re-tuned per truth")
+            wanted = [w.strip() for w in args.truths.split(",") if w.strip()]
+            chosen = {n: t for n, t in kind.perturbations.items() if not wanted or any(w in n for w in wanted)}
             results = {"as modelled": r, **{name: run_trace(args, settings, policies, phases, truth, name)
-                                            for name, truth in kind.perturbations.items()}}
+                                            for name, truth in chosen.items()}}
             print(f"\n  {'truth':<44} {'ctrl/best static':>17} {'ctrl/tuned K':>13}")
             for name, res in results.items():
                 print(f"  {name:<44} {res['vs_best_static']:17.3f} {res['vs_k_table']:13.3f}")

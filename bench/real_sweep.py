@@ -334,7 +334,7 @@ def check_bed(urls: list[str], launch: LaunchConfig, allow_broken: bool) -> dict
             if snap.ext_engine_fixes or time.monotonic() > deadline:
                 break
             time.sleep(0.5)
-        fixes[url] = sorted(snap.ext_engine_fixes)
+        fixes[url] = sorted(snap.ext_engine_fixes or ())
     broken = [u for u, f in fixes.items() if launch.kind != "plain" and EXPAND_FIX not in f]
     print(f"[real_sweep] bed: engine fixes per replica {fixes}" + (
         f"; NOT FAITHFUL: {broken} verify mixed sampling/greedy steps against garbage temperatures (vLLM issue #55005)"

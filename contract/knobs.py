@@ -187,6 +187,35 @@ def honoured_knobs(speculates: bool, confidences: bool) -> tuple[str, ...]:
     return STEP_KNOBS + (("min_confidence",) if confidences else ())
 
 
+# What a step capped at K=0 still runs. The scheduler hook makes such a step a plain
+# decode step on every runner, but the drafter's pass after it is the drafter's own
+# business (docs/vllm_ext.md, "K=0: what still runs"): EAGLE's first forward always
+# runs (it writes the draft KV), while the prompt-lookup search and DFlash/DSpark's
+# query pass are skipped only where the plugin's `draft_skip` patched them or the
+# engine skips natively (vLLM 0.33's V2 DSpark). A replica names the skips in force in
+# its workers among `specgate_ext_info{engine_fixes}`; the controller prices a step
+# whose requests are all capped at 0 without the drafter's pass only where the
+# replica's method has one of them (`k0_skips_drafter`).
+K0_SKIP_NGRAM = "k0_skip_ngram"  # V1 NgramProposer: no prompt lookup at K=0
+K0_SKIP_V1_DFLASH = "k0_skip_v1_dflash"  # V1 DFlashProposer: context pass only
+K0_SKIP_V2_DFLASH = "k0_skip_v2_dflash"  # V2 DFlash/DSpark speculator: context pass only (patched or native)
+K0_SKIPS: dict[str, str] = {"ngram": K0_SKIP_NGRAM, "dflash": K0_SKIP_V1_DFLASH, "dspark": K0_SKIP_V2_DFLASH}
+
+
+def k0_skips_drafter(method: str | None, engine_fixes: Iterable[str] | None) -> bool:
+    """Does a step whose requests are all capped at 0 skip the drafter's pass on a
+    replica running `method` with these engine fixes? `engine_fixes` None: the
+    replica reports none (no label: a simulated or older replica), taken as the
+    plugin's skip in force where one exists for the method. No speculation: nothing
+    to skip, True. EAGLE-3 (and any method without a skip site): never."""
+    if not method or method == "off":
+        return True
+    site = K0_SKIPS.get(method)
+    if site is None:
+        return False
+    return engine_fixes is None or site in set(engine_fixes)
+
+
 def _parse_count(key: str, value: Any) -> tuple[int | None, str | None]:
     """A non-negative integer (int, integral float or digit string)."""
     if isinstance(value, bool):  # bool is an int subclass; True is not a count

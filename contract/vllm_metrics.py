@@ -123,7 +123,8 @@ class VllmMetricsSnapshot:
     ext_knobs: frozenset[str] = frozenset()
     # Fixes of vLLM itself the plugin put in force in the replica's workers
     # (drafters/vllm_ext/expand_fix.py): which replicas run on a patched engine.
-    ext_engine_fixes: frozenset[str] = frozenset()
+    # None: the replica reports no engine fixes at all (no label: a simulated or older replica).
+    ext_engine_fixes: frozenset[str] | None = None
     # Engine steps timed by the extension, per (batch, tokens, drafting) cell (cumulative);
     # empty on a replica without it.
     engine_steps: dict[StepCellKey, StepCell] = field(default_factory=dict)
@@ -228,7 +229,8 @@ def parse_vllm_metrics(text: str) -> VllmMetricsSnapshot:
             elif family.name == "specgate_ext_info" and name == "specgate_ext_info" and value > 0:
                 snap.ext_version = labels.get("version")
                 snap.ext_knobs = frozenset(k for k in labels.get("knobs", "").split(",") if k)
-                snap.ext_engine_fixes = frozenset(f for f in labels.get("engine_fixes", "").split(",") if f)
+                if "engine_fixes" in labels:
+                    snap.ext_engine_fixes = frozenset(f for f in labels["engine_fixes"].split(",") if f)
     # GPU gauges are averaged over devices rather than summed.
     for attr in ("gpu_util", "sm_active", "tensor_active", "dram_active"):
         if attr in sums:

@@ -36,10 +36,12 @@ from .acceptance_fit import (
     method_acceptance_prior,
     survival_from_counts,
 )
+from contract.knobs import k0_skips_drafter
 from contract.vllm_metrics import StepCell, StepCellKey
 
 from .costs import ReplicaCost, parse_profile
 from .decision import MeasuredGain, ReplicaInput, TenantView
+from .decision.views import method_of
 from .signals import ReplicaSample, TenantSample
 
 
@@ -111,7 +113,7 @@ class ReplicaEstimate:
     tensor_active: float | None = None
     dram_active: float | None = None
     supports_knobs: bool = False
-    engine_fixes: frozenset[str] = frozenset()
+    engine_fixes: frozenset[str] | None = None  # None: the replica reports none (contract.knobs.k0_skips_drafter)
     healthy: bool = True
     samples: int = 0
     restarts: int = 0
@@ -124,6 +126,10 @@ class ReplicaEstimate:
     @property
     def adaptive(self) -> bool:
         return parse_profile(self.profile)[1]
+
+    @property
+    def method(self) -> str:
+        return method_of(self.profile)
 
     def knee(self) -> float:
         return self.cost.knee_tokens(max(self.batch, 1.0), self.context_tokens)
@@ -532,6 +538,7 @@ def replica_views(
                 tokens_per_step=r.tokens_per_step, acceptance_length=r.acceptance_length, mix=mix.get(r.name, {}),
                 prefill_ratio=r.prefill_ratio if prefill_ratio is None else prefill_ratio,
                 prompt_tokens=prompt_tokens or 512.0,
+                k0_skips_pass=k0_skips_drafter(r.method, r.engine_fixes),
             )
         )
     return views

@@ -276,7 +276,7 @@ class Controller:
                 "dram_active": est.dram_active if est else None,
                 "healthy": True,
                 "supports_knobs": est.supports_knobs if est else None,
-                "engine_fixes": sorted(est.engine_fixes) if est else None,
+                "engine_fixes": sorted(est.engine_fixes) if est and est.engine_fixes is not None else None,
                 "step_cost": est.cost.describe() if est else None,
             }
         for name, est in self.core.replicas.replicas.items():

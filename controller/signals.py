@@ -58,7 +58,7 @@ class ReplicaSample:
     tensor_active: float | None = None
     dram_active: float | None = None
     supports_knobs: bool = False
-    engine_fixes: frozenset[str] = frozenset()  # vLLM fixes in force on the replica (specgate_ext_info)
+    engine_fixes: frozenset[str] | None = None  # vLLM fixes in force on the replica (specgate_ext_info); None: not reported
     # Engine steps the extension timed in the interval, per (batch, tokens, drafting) cell
     # (contract.vllm_metrics.StepCell); empty where the replica does not export them.
     engine_steps: dict[StepCellKey, StepCell] = field(default_factory=dict)

@@ -45,7 +45,7 @@ class ReplicaState:
     metrics_at: float = 0.0
     open_attempts_at_scrape: int = 0  # this gateway's open attempts when the gauges were read
     ext_knobs: frozenset[str] = frozenset()
-    ext_engine_fixes: frozenset[str] = frozenset()  # vLLM fixes the replica's plugin put in force
+    ext_engine_fixes: frozenset[str] | None = None  # vLLM fixes the replica's plugin put in force; None: not reported
     # The latest /metrics scrape (None = it failed) and when it was taken (monotonic).
     snapshot: VllmMetricsSnapshot | None = None
     snapshot_at: float = 0.0
@@ -106,7 +106,7 @@ class ReplicaState:
             "waiting": self.waiting,
             "kv_cache_usage": self.kv_usage,
             "ext_knobs": sorted(self.ext_knobs),
-            "engine_fixes": sorted(self.ext_engine_fixes),
+            "engine_fixes": sorted(self.ext_engine_fixes or ()),
             "last_error": self.last_error,
             "wedged": self.wedged,
         }

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from contract.knobs import K0_SKIPS, k0_skips_drafter
 from contract.profiles import OFF, PROFILE_LABELS, Profile, parse_profile
 from contract.settings import DrafterSettings
 
@@ -78,6 +79,16 @@ def restart_targets(profile: str, drafter: DrafterSettings | None = None,
 
 def _targets(cfg: DecisionConfig, configured: frozenset[str] | None) -> frozenset[str] | None:
     return configured if cfg.plan_configured_profiles_only and configured is not None else None
+
+
+def k0_skips_after_restart(rep: ReplicaInput, method: str) -> bool:
+    """Whether `rep`, restarted into `method`, would skip the drafter's pass at K=0:
+    where the method has a skip (`contract.knobs.k0_skips_drafter`), unless the
+    replica's engine shows it refuses skips -- its current method has one and it is
+    not in force (the plugin did not verify that vLLM's sources): the restart keeps
+    the engine."""
+    refused = rep.method in K0_SKIPS and not rep.k0_skips_pass
+    return k0_skips_drafter(method, None) and not refused
 
 
 def plan_profiles(live: list[ReplicaInput], drafter: DrafterSettings | None = None,
@@ -144,7 +155,8 @@ def fleet_plan(live: list[ReplicaInput], choice: dict[str, int], model: GoodputM
     best_profile, best_g = None, current
     for profile, block, adaptive in plan_profiles(live, cfg.drafter, allowed):
         alts = [
-            replace(r, block=block, adaptive=adaptive, supports_knobs=True, profile=profile, batch=mean_b, mix=agg or r.mix)
+            replace(r, block=block, adaptive=adaptive, supports_knobs=True, profile=profile, batch=mean_b, mix=agg or r.mix,
+                    k0_skips_pass=k0_skips_after_restart(r, parse_profile(profile).method))
             if profile in servable[r.name] else replace(r, batch=mean_b, mix=agg or r.mix)
             for r in live
         ]

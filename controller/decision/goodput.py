@@ -14,8 +14,9 @@ average (`acceptance_fit.Proposal`: measured for ngram, 1 and 1 for a trained
 drafter), one engine step verifies n_r = B_r * sum_t mix_rt * (1 + p_t f_t L_t)
 tokens, emits B_r * sum_t mix_rt * tau_t(L_t) tokens and takes T_r(B_r, n_r)
 seconds (the replica's step curve with the drafter's pass; on a knob-capable
-replica the pass is paid by the steps that hold a drafting request, a share
-1 - (1 - w)^B of them). Goodput is B_r * tokens / T_r.
+replica whose drafter skips its pass at K=0 the pass is paid by the steps that
+hold a drafting request, a share 1 - (1 - w)^B of them, elsewhere by every
+step). Goodput is B_r * tokens / T_r.
 """
 
 from __future__ import annotations
@@ -120,7 +121,10 @@ class GoodputModel:
         stops costing this replica's drafter; and on a knob-capable replica
         (drafters.vllm_ext) a step whose requests are all capped at 0 runs with
         K=0, which skips the drafter's pass -- so the pass is paid while anyone
-        on the replica drafts, and not at all once nobody does.
+        on the replica drafts, and not at all once nobody does -- where the
+        replica's drafter has a K=0 skip in force (`rep.k0_skips_pass`; EAGLE's
+        first forward always runs, and an engine whose sources the plugin did not
+        verify runs the stock pass): elsewhere every step pays it, as without knobs.
 
         "While anyone drafts" is per step: a step drafts when it holds at
         least one drafting request, which for a batch of B requests drawn
@@ -131,7 +135,7 @@ class GoodputModel:
         drafting_weight = sum(w for w, cap in weights_caps if cap > 0)
         if self.off_pool:
             return drafting_weight, 1.0
-        if rep.supports_knobs:
+        if rep.supports_knobs and rep.k0_skips_pass:
             drafting_weight = min(1.0, drafting_weight)
             return (1.0 if drafting_weight > 0 else 0.0), 1.0 - (1.0 - drafting_weight) ** batch
         return (1.0 if rep.block > 0 else 0.0), 1.0

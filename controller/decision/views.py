@@ -71,6 +71,9 @@ class ReplicaInput:
     # emits more tokens per step also prefills more per step.
     prefill_ratio: float = 0.0
     prompt_tokens: float = 512.0  # mean prompt length (prefill chunk size)
+    # A step whose requests are all capped at 0 skips the drafter's pass
+    # (contract.knobs.k0_skips_drafter: the method and the skips the replica reports).
+    k0_skips_pass: bool = True
 
     @property
     def method(self) -> str:

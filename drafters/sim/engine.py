@@ -74,7 +74,7 @@ import numpy as np
 
 from .. import acceptance as acc
 from .. import costmodel as cm
-from contract.knobs import cap_at, step_draft_len
+from contract.knobs import K0_SKIPS, cap_at, step_draft_len
 from contract.vllm_metrics import add_step
 from .counters import (E2E_BUCKETS, ITER_TOKEN_BUCKETS, ITL_BUCKETS, TTFT_BUCKETS, BucketHistogram,
                        EngineCounters)
@@ -102,6 +102,14 @@ class ReplicaEngine:
         self.last_cost: cm.StepCost | None = None
         self.last_step: StepOutcome | None = None
         self._kv_used = 0
+
+    def engine_fixes(self) -> frozenset[str]:
+        """What the replica's plugin would list in `specgate_ext_info{engine_fixes}`:
+        the K=0 drafter skip of its method (contract.knobs.K0_SKIPS), unless the truth
+        is an engine that runs the drafter at K=0 anyway (`k0_pays_drafter`), as the
+        plugin reports an engine whose sources it did not verify."""
+        site = K0_SKIPS.get(self.profile.method) if self.profile.speculative else None
+        return frozenset({site}) if site and not self.config.k0_pays_drafter else frozenset()
 
     # ------------------------------------------------------------------ state
     @property

@@ -12,8 +12,9 @@ Families (labels ``model_name``, ``engine``): ``vllm:num_requests_running``,
 ``vllm:spec_decode_*`` counters (speculative profiles only, as in vLLM), the
 latency / iteration-token histograms (simulated seconds); dcgm-exporter GPU
 gauges from the cost model (labels ``gpu``, ``modelName``, ``Hostname``); and
-``specgate_ext_info{version,knobs} 1`` with the knobs the specgate vLLM
-extension would advertise for the replica's profile, and the extension's
+``specgate_ext_info{version,knobs,engine_fixes} 1`` with the knobs the specgate vLLM
+extension would advertise for the replica's profile and the K=0 drafter skip
+it would report (``ReplicaEngine.engine_fixes``), and the extension's
 engine-timed step counters (``specgate_engine_step*_total{batch,tokens,drafting}``,
 drafters/vllm_ext/step_timing.py), each simulated step in its cell.
 """
@@ -98,10 +99,10 @@ class SimCollector:
             yield g
         yield from step_families(c.step_cells)
         info = GaugeMetricFamily("specgate_ext_info", "specgate vLLM extension (simulated replica).",
-                                 labels=["version", "knobs"])
+                                 labels=["version", "knobs", "engine_fixes"])
         prof = eng.profile
         knobs = advertised_knobs(prof.method if prof.speculative else None, prof.adaptive)
-        info.add_metric([SIM_VERSION, ",".join(knobs)], 1.0)
+        info.add_metric([SIM_VERSION, ",".join(knobs), ",".join(sorted(eng.engine_fixes()))], 1.0)
         yield info
 
 

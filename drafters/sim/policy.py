@@ -168,6 +168,7 @@ class ReplicaView:
             dram_active=gauges.get("DCGM_FI_PROF_DRAM_ACTIVE"),
             ext_version=EXT_VERSION,
             ext_knobs=frozenset(self.advertised_knobs),
+            ext_engine_fixes=self._eng.engine_fixes(),
             engine_steps=self._eng.counters.engine_steps(),
         )
 

@@ -14,8 +14,11 @@ draft confidences). A replica without speculation advertises version with an
 empty knob list: it is plugin-enabled but has nothing to tune.
 
 `engine_fixes` lists the corrections of vLLM itself in force in the replica's
-workers (today `expand_batch_to_tokens`, expand_fix.py), so an operator and the
-controller can tell a patched engine from a stock one. The workers are other
+workers (`expand_batch_to_tokens`, expand_fix.py; the K=0 drafter skips,
+`k0_skip_ngram` / `k0_skip_v1_dflash` / `k0_skip_v2_dflash`, draft_skip.py), so
+an operator and the controller can tell a patched engine from a stock one, and
+the controller prices a step capped at K=0 with or without the drafter's pass
+(`contract.knobs.k0_skips_drafter`). The workers are other
 processes, so the API server asks them through vLLM's own `collective_rpc`
 (the method `specgate_ext_engine_state`, added to the worker wrapper) once the
 engine is up, and re-advertises with their answer; until it arrives the label
@@ -79,10 +82,12 @@ def advertise(
 
 
 def engine_state() -> dict:
-    """What this (worker) process knows of the engine fixes; the RPC's answer."""
+    """What this (worker) process knows of the engine fixes, the K=0 drafter skips
+    in force among them (draft_skip.py); the RPC's answer."""
+    from .draft_skip import active_skips
     from .expand_fix import FIX_NAME, active_fixes, state
 
-    return {"engine_fixes": list(active_fixes()), FIX_NAME: state()}
+    return {"engine_fixes": [*active_fixes(), *active_skips()], FIX_NAME: state()}
 
 
 def merged_fixes(answers: Iterable[dict]) -> tuple[str, ...]:

@@ -67,9 +67,21 @@ import textwrap
 from collections.abc import Callable
 from typing import Any
 
+from contract.knobs import K0_SKIP_NGRAM, K0_SKIP_V1_DFLASH, K0_SKIP_V2_DFLASH
+
 from .guard import patch_once, run_guarded
 
 logger = logging.getLogger("specgate.vllm_ext")
+
+# The K=0 skips in force in this (worker) process, patched or native: what the
+# replica advertises among its engine fixes (discovery.engine_state), so the
+# controller prices a K=0 step's drafter pass as skipped only where it is.
+_in_force: set[str] = set()
+
+
+def active_skips() -> tuple[str, ...]:
+    """The K=0 skips in force in this process, sorted (contract.knobs.K0_SKIP_*)."""
+    return tuple(sorted(_in_force))
 
 DEBUG_ENV = "SPECGATE_VLLM_EXT_DEBUG_DRAFTER"
 _MARK_V2 = "_specgate_k0_skip_patched"
@@ -276,10 +288,11 @@ def _v2_context_only(self, prepare, input_batch, last_hidden_states, aux_hidden_
 
 
 def _patchable(cls: Any, mark: str, what: str, query_marker: str, digests_of: Any,
-               verified: dict[tuple[str, ...], str]) -> bool:
+               verified: dict[tuple[str, ...], str], skip: str) -> bool:
     """Whether `cls.propose` may get the context-only K=0 path: not patched
     yet, its source readable, no native K=0 skip in it (then it is marked as
-    handled), and the mirrored sources' digests among `verified`."""
+    handled), and the mirrored sources' digests among `verified`. A native skip
+    counts as `skip` in force."""
     if cls.__dict__.get(mark):
         return False
     try:
@@ -291,6 +304,7 @@ def _patchable(cls: Any, mark: str, what: str, query_marker: str, digests_of: An
     if native_k0_skip(source, query_marker):
         logger.info("specgate: %s propose skips its query pass at K=0 natively; not patched", what)
         setattr(cls, mark, True)
+        _in_force.add(skip)
         return False
     if digests not in verified:
         logger.warning(
@@ -306,7 +320,7 @@ def install_v2(module: Any, verified: dict[tuple[str, ...], str] | None = None) 
     """Patch `module.DFlashSpeculator.propose` (vllm.v1.worker.gpu.spec_decode.dflash.speculator)."""
     cls = module.DFlashSpeculator
     if not _patchable(cls, _MARK_V2, "V2 DFlash/DSpark", V2_QUERY_MARKER, lambda: v2_digests(module),
-                      VERIFIED_V2 if verified is None else verified):
+                      VERIFIED_V2 if verified is None else verified, K0_SKIP_V2_DFLASH):
         return False
     prepare = module.prepare_dflash_inputs
 
@@ -338,6 +352,7 @@ def install_v2(module: Any, verified: dict[tuple[str, ...], str] | None = None) 
 
     patched = patch_once(cls, _MARK_V2, {"propose": wrap_propose})
     if patched:
+        _in_force.add(K0_SKIP_V2_DFLASH)
         logger.info("specgate: K=0 drafter skip installed on the V2 runner (DFlash/DSpark: context pass only at K=0)")
     return patched
 
@@ -378,7 +393,7 @@ def install_v1(module: Any, verified: dict[tuple[str, ...], str] | None = None) 
     """Patch `module.DFlashProposer.propose` (vllm.v1.spec_decode.dflash)."""
     cls = module.DFlashProposer
     if not _patchable(cls, _MARK_V1, "V1 DFlash", V1_QUERY_MARKER, lambda: v1_digests(module),
-                      VERIFIED_V1 if verified is None else verified):
+                      VERIFIED_V1 if verified is None else verified, K0_SKIP_V1_DFLASH):
         return False
 
     def wrap_propose(orig_propose):
@@ -405,6 +420,7 @@ def install_v1(module: Any, verified: dict[tuple[str, ...], str] | None = None) 
 
     patched = patch_once(cls, _MARK_V1, {"propose": wrap_propose})
     if patched:
+        _in_force.add(K0_SKIP_V1_DFLASH)
         logger.info("specgate: K=0 drafter skip installed on the V1 runner (DFlash: context pass only at K=0)")
     return patched
 
@@ -440,5 +456,6 @@ def install_ngram(module: Any) -> bool:
 
     patched = patch_once(cls, _MARK_NGRAM, {"propose": wrap_propose})
     if patched:
+        _in_force.add(K0_SKIP_NGRAM)
         logger.info("specgate: K=0 drafter skip installed for ngram (no prompt lookup at K=0)")
     return patched

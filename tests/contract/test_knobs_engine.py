@@ -92,3 +92,17 @@ def test_step_draft_len_is_the_largest_cap_unless_someone_is_uncapped():
     assert step_draft_len([0, None, 1], 4) == 4
     assert step_draft_len([0, 9], 4) == 4  # a cap above K is stock
     assert step_draft_len([0, 0], 0) == 0  # no speculation configured
+
+
+def test_a_k0_step_skips_the_drafter_only_where_the_replica_says_so():
+    from contract.knobs import K0_SKIP_NGRAM, K0_SKIP_V1_DFLASH, K0_SKIP_V2_DFLASH, k0_skips_drafter
+
+    expand = "expand_batch_to_tokens"
+    assert k0_skips_drafter("dspark", {expand, K0_SKIP_V2_DFLASH})
+    assert not k0_skips_drafter("dspark", {expand})  # the plugin did not verify the sources: stock pass
+    assert not k0_skips_drafter("dspark", {K0_SKIP_V1_DFLASH, K0_SKIP_NGRAM})  # DSpark runs on the V2 runner
+    assert k0_skips_drafter("dflash", {K0_SKIP_V1_DFLASH}) and k0_skips_drafter("ngram", {K0_SKIP_NGRAM})
+    assert not k0_skips_drafter("eagle3", {K0_SKIP_NGRAM, K0_SKIP_V1_DFLASH, K0_SKIP_V2_DFLASH})  # its forward writes the draft KV
+    assert not k0_skips_drafter("eagle3", None)
+    assert k0_skips_drafter("dspark", None)  # nothing reported: the plugin's skip taken as in force
+    assert k0_skips_drafter("off", frozenset()) and k0_skips_drafter(None, frozenset())  # nothing to skip

@@ -381,3 +381,24 @@ def test_a_trained_drafters_survival_is_kept_too_and_decays():
     assert (q.rate, q.fill) == (1.0, 1.0) and q.survival[2] == pytest.approx(0.8**3, abs=0.01)
     est.decay(300)
     assert est.method_sums[("t", "dspark")].reach[0] == pytest.approx(1_000)
+
+
+def test_a_replica_view_prices_k0_steps_by_the_skips_the_replica_reports():
+    """The decision's `k0_skips_pass` comes from the replica's method and the K=0 skips in
+    its `specgate_ext_info{engine_fixes}`; a replica that reports none keeps the plugin's."""
+    from contract.knobs import K0_SKIP_NGRAM, K0_SKIP_V2_DFLASH
+    from controller.costs import ReplicaCost
+    from controller.estimators import ReplicaEstimator, replica_views
+
+    est = ReplicaEstimator()
+    cases = {
+        "dspark-skips": ("dspark-b8", frozenset({"expand_batch_to_tokens", K0_SKIP_V2_DFLASH}), True),
+        "dspark-stock": ("dspark-b8", frozenset({"expand_batch_to_tokens"}), False),
+        "dspark-silent": ("dspark-b8", None, True),
+        "ngram": ("ngram-k8", frozenset({K0_SKIP_NGRAM}), True),
+        "eagle": ("eagle3-k4", frozenset({K0_SKIP_NGRAM}), False),
+    }
+    for name, (profile, fixes, _) in cases.items():
+        est.ensure(name, profile, ReplicaCost.for_names(profile=profile)).engine_fixes = fixes
+    views = {v.name: v for v in replica_views(est, {})}
+    assert {n: v.k0_skips_pass for n, v in views.items()} == {n: c[2] for n, c in cases.items()}

@@ -105,3 +105,15 @@ def test_the_fleet_is_priced_at_the_caps_its_policies_give_at_the_batch():
     assert caps_in_force(state, 4) == {"greedy": 8, "plain": FULL, "off": 0, "new": 4}
     assert caps_in_force(state, 20.4) == {"greedy": 2, "plain": FULL, "off": 0, "new": 4}
     assert caps_in_force(state, 128)["greedy"] == 0
+
+
+def test_a_restart_keeps_the_engines_k0_skips():
+    from controller.decision.fleet import k0_skips_after_restart
+
+    assert k0_skips_after_restart(replica(4, {}, profile="dspark-b8", block=8), "dspark")
+    # The engine runs the stock pass for its current drafter: the same engine would for another.
+    assert not k0_skips_after_restart(replica(4, {}, profile="dspark-b8", block=8, k0_skips_pass=False), "dspark")
+    assert k0_skips_after_restart(replica(4, {}, profile="off", block=0), "dspark")
+    # EAGLE never skips, which says nothing about the engine: restarted into DSpark it would.
+    assert k0_skips_after_restart(replica(4, {}, profile="eagle3-k4", block=4, k0_skips_pass=False), "dspark")
+    assert not k0_skips_after_restart(replica(4, {}, profile="dspark-b8", block=8), "eagle3")

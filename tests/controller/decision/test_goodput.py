@@ -103,6 +103,23 @@ def test_ngram_is_priced_at_the_tenants_measured_proposals_not_a_full_block():
     assert full.verify_tokens == pytest.approx(4 * 9 + ngram.prefill_ratio * 4 * full.taus["code"], rel=1e-6)
 
 
+def test_without_a_k0_skip_every_step_pays_the_pass():
+    """EAGLE's first forward, or a DSpark engine whose sources the plugin did not
+    verify: a step capped at 0 still runs the drafter, so capping everyone saves
+    verification, not the pass -- priced like a replica without knobs."""
+    m = model(acc={"code": CODE, "bulk": CHAT})
+    for batch in (0, 64):
+        mix = {"bulk": 0.95, "code": 0.05}
+        skips, runs = replica(batch, mix), replica(batch, mix, k0_skips_pass=False)
+        all_off = {"bulk": 0, "code": 0}
+        assert m.evaluate(runs, all_off).step_s > m.evaluate(skips, all_off).step_s  # the pass, every step
+        assert m.evaluate(runs, all_off).taus == m.evaluate(skips, all_off).taus  # nothing more emitted
+        one_on = {"bulk": 0, "code": 16}
+        gain_runs = m.goodput(runs, one_on) / m.goodput(runs, all_off)
+        gain_skips = m.goodput(skips, one_on) / m.goodput(skips, all_off)
+        assert gain_runs > gain_skips  # drafting costs only its verification when the pass is paid anyway
+
+
 def test_at_light_load_a_small_drafting_tenant_pays_the_pass_only_in_its_own_steps():
     """With per-request knobs a step skips the drafter when nobody in it
     drafts: at batch 1 a 5 % tenant's drafts cost ~5 % of the steps, so turning

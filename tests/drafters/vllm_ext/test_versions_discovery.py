@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from drafters.vllm_ext import discovery
+from contract.knobs import K0_SKIP_NGRAM
+from drafters.vllm_ext import discovery, draft_skip
 from drafters.vllm_ext.versions import is_verified
 from contract.vllm_metrics import parse_vllm_metrics
 
@@ -76,13 +77,16 @@ def test_the_workers_answers_are_merged():
     assert discovery.merged_fixes([None, "odd"]) == ()  # an answer of another shape lists nothing
 
 
-def test_the_worker_wrapper_answers_the_rpc_by_name():
+def test_the_worker_wrapper_answers_the_rpc_by_name(monkeypatch):
+    monkeypatch.setattr(draft_skip, "_in_force", set())
     class Wrapper:
         pass
 
     assert discovery.install_worker_rpc(Wrapper) and not discovery.install_worker_rpc(Wrapper)
     answer = getattr(Wrapper(), discovery.ENGINE_STATE_RPC)()  # how vLLM's run_method calls it
     assert answer["engine_fixes"] == [] and answer["expand_batch_to_tokens"]["status"] == "unprobed"
+    monkeypatch.setattr(draft_skip, "_in_force", {K0_SKIP_NGRAM})  # what install_ngram records
+    assert getattr(Wrapper(), discovery.ENGINE_STATE_RPC)()["engine_fixes"] == [K0_SKIP_NGRAM]
 
 
 def test_replica_without_speculation_is_not_knob_capable(monkeypatch):

