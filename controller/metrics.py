@@ -28,6 +28,7 @@ class ControllerMetrics:
     def __init__(self, registry: CollectorRegistry | None = None, top_n: int = 20) -> None:
         self.registry = registry or CollectorRegistry()
         self.top_n = top_n
+        self._shown: dict[Gauge, set[tuple[str, ...]]] = {}  # the series `_publish` last set, per gauge
         # Registered in this order (the exposition and docs/operations.md follow it).
         for group in (self._loop, self._policies, self._tenants, self._replicas, self._jobs):
             group(self.registry)
@@ -165,50 +166,61 @@ class ControllerMetrics:
             outcome = "hold" if not rec.changed else ("on" if p.enabled else "off")
             self.decisions.labels(outcome).inc()
         top = set(sorted(traffic, key=lambda t: -traffic[t])[: self.top_n]) | {"*"}
-        for gauge in (self.enabled, self.max_draft, self.max_batch, self.schedule, self.min_conf, self.acceptance,
-                      self.acceptance_length, self.measured_gain, self.predicted_gain):
-            gauge.clear()
+        tenant_gauges = (self.enabled, self.max_draft, self.max_batch, self.schedule, self.min_conf, self.acceptance,
+                         self.acceptance_length, self.measured_gain, self.predicted_gain)
+        values: dict[Gauge, dict[tuple[str, ...], float]] = {g: {} for g in tenant_gauges}
         for rec in decision.records:
             if rec.tenant not in top:
                 continue
+            t = (rec.tenant,)
             p = policies.get(rec.tenant, rec.policy)
-            self.enabled.labels(rec.tenant).set(1 if p.enabled else 0)
-            self.max_draft.labels(rec.tenant).set(p.max_draft if p.max_draft is not None else -1)
-            self.min_conf.labels(rec.tenant).set(p.min_confidence or 0.0)
-            self.max_batch.labels(rec.tenant).set(stop_batch(p))
+            values[self.enabled][t] = 1 if p.enabled else 0
+            values[self.max_draft][t] = p.max_draft if p.max_draft is not None else -1
+            values[self.min_conf][t] = p.min_confidence or 0.0
+            values[self.max_batch][t] = stop_batch(p)
             for max_batch, draft in p.schedule or ():
-                self.schedule.labels(rec.tenant, str(max_batch)).set(draft)
-            self.acceptance.labels(rec.tenant).set(rec.numbers.get("acceptance") or 0.0)
+                values[self.schedule][(rec.tenant, str(max_batch))] = draft
+            values[self.acceptance][t] = rec.numbers.get("acceptance") or 0.0
             if rec.numbers.get("acceptance_length") is not None:
-                self.acceptance_length.labels(rec.tenant).set(rec.numbers["acceptance_length"])
+                values[self.acceptance_length][t] = rec.numbers["acceptance_length"]
             gain = rec.numbers.get("measured_gain")
             if gain:
-                self.measured_gain.labels(rec.tenant).set(gain["measured"])
+                values[self.measured_gain][t] = gain["measured"]
                 if gain["predicted"] is not None:
-                    self.predicted_gain.labels(rec.tenant).set(gain["predicted"])
-        for gauge in (self.rho, self.batch, self.al, self.goodput, self.plan, self.plan_gain):
-            gauge.clear()
+                    values[self.predicted_gain][t] = gain["predicted"]
+        replica_gauges = (self.rho, self.batch, self.al, self.goodput, self.plan, self.plan_gain)
+        values.update({g: {} for g in replica_gauges})
         for name, reg in decision.replicas.items():
-            self.rho.labels(name).set(reg.rho)
-            self.batch.labels(name).set(reg.batch)
+            values[self.rho][(name,)] = reg.rho
+            values[self.batch][(name,)] = reg.batch
             if reg.acceptance_length is not None:
-                self.al.labels(name).set(reg.acceptance_length)
-            self.goodput.labels(name).set(reg.predicted_goodput_tok_s)
-            self.plan.labels(name, reg.profile, reg.recommended_profile).set(1)
-            self.plan_gain.labels(name).set(reg.recommended_gain)
+                values[self.al][(name,)] = reg.acceptance_length
+            values[self.goodput][(name,)] = reg.predicted_goodput_tok_s
+            values[self.plan][(name, reg.profile, reg.recommended_profile)] = 1
+            values[self.plan_gain][(name,)] = reg.recommended_gain
+        self._publish(values)
 
     def observe_step_costs(self, curves: dict[str, dict]) -> None:
         """`curves`: replica -> `StepCostLearner.describe()`."""
-        for gauge in (self.step_flat, self.step_knee, self.step_slope, self.step_draft, self.step_request,
-                      self.step_points):
-            gauge.clear()
-        for name, c in curves.items():
-            self.step_flat.labels(name).set(c["flat_ms"] / 1e3)
-            self.step_knee.labels(name).set(c["knee_tokens"])
-            self.step_slope.labels(name).set(c["slope_ms_per_token"] / 1e3)
-            self.step_draft.labels(name).set(c["draft_ms_per_request"] / 1e3)
-            self.step_request.labels(name).set(c["request_ms"] / 1e3)
-            self.step_points.labels(name).set(c["points"])
+        fields = ((self.step_flat, "flat_ms", 1e3), (self.step_knee, "knee_tokens", 1),
+                  (self.step_slope, "slope_ms_per_token", 1e3), (self.step_draft, "draft_ms_per_request", 1e3),
+                  (self.step_request, "request_ms", 1e3), (self.step_points, "points", 1))
+        self._publish({gauge: {(name,): c[key] / per for name, c in curves.items()} for gauge, key, per in fields})
+
+    def _publish(self, values: dict[Gauge, dict[tuple[str, ...], float]]) -> None:
+        """Make each gauge's series exactly `values`: the new values set first, then the
+        series no longer shown removed. Why not clear-then-set: prometheus_client collects
+        in the scraping thread, and a scrape between the two sees a series missing, which
+        Prometheus marks stale (a dashboard panel then shows no data)."""
+        for gauge, series in values.items():
+            for labels, value in series.items():
+                gauge.labels(*labels).set(value)
+            for labels in self._shown.get(gauge, set()) - series.keys():
+                try:
+                    gauge.remove(*labels)
+                except KeyError:
+                    pass
+            self._shown[gauge] = set(series)
 
     def count_changes(self, tenants: list[str], traffic: dict[str, float]) -> None:
         top = set(sorted(traffic, key=lambda t: -traffic[t])[: self.top_n]) | {"*"}
