@@ -133,6 +133,15 @@ class GatewayServer(uvicorn.Server):
         if self.started and metrics_port is not None and metrics_app is not None:
             await self._start_metrics_listener(metrics_app, metrics_port)
 
+    @property
+    def listening(self) -> bool:
+        """Every listener is up: uvicorn's `started` is set once the main one is,
+        before `startup` opens the /metrics listener (`metrics_port`)."""
+        if not self.started:
+            return False
+        wants_metrics = self.gateway is not None and self.gateway.settings.gateway.metrics_port is not None
+        return not wants_metrics or bool(self._metrics_servers)
+
     async def _start_metrics_listener(self, metrics_app: Any, port: int) -> None:
         """/metrics alone on `port`, same host, same limits; it stays open
         through the drain (scrapes still answer) and closes last."""

@@ -45,7 +45,8 @@ class ServerThread:
     def start(self) -> "ServerThread":
         self.thread.start()
         deadline = time.time() + 20
-        while not self.server.started:
+        # GatewayServer: every listener, the /metrics one included; plain uvicorn: its one.
+        while not getattr(self.server, "listening", self.server.started):
             if not self.thread.is_alive():
                 raise RuntimeError("server thread exited during start-up")
             if time.time() > deadline:
