@@ -245,15 +245,14 @@ def summarize(blocks: list[dict], tpot_target_ms: float) -> dict:
                 "tenant_ratios": {t: ratios(mine, seg, "tok_s", t) for t in tenants},
                 "changes_per_minute": changes_per_minute(mine, seg, tenants),
             }
-        for key, baseline in (("geomean_vs_k_table", "k-table"), ("geomean_vs_vllm_table", "vllm-table")):
-            by_table = [entry["segments"][s]["client"][baseline] for s in segments if baseline in entry["segments"][s]["client"]]
-            entry[key] = geometric_mean(by_table) if len(by_table) == len(segments) else None
-        geomeans = {}
+        geomeans = {}  # table -> the geomean over segments, where it was measured in every one
         for baseline in filter(is_table, baselines):
             per_segment = [entry["segments"][s]["client"].get(baseline) for s in segments]
             if segments and all(per_segment):
                 geomeans[baseline] = geometric_mean(per_segment)
         entry["geomean_vs_tables"] = geomeans
+        entry["geomean_vs_k_table"] = geomeans.get(K_TABLE)
+        entry["geomean_vs_vllm_table"] = geomeans.get("vllm-table")
         entry["geomean_vs_tuned_table"] = tuned_table(geomeans)
         entry["step_cost"] = step_cost_fit(mine)
         summary["scenarios"][name] = entry
