@@ -141,8 +141,10 @@ def decide(
         k_now = k if schedule is None else schedule_cap(schedule, max(1, round(load)))
 
         tenant_rho = {r.name: rho[r.name] for r in ctx.homes[t]}
-        policy = assembly.tenant_policy(ctx, verdict, proposal, ov, theta, max_batch, tenant_rho, view.acceptance,
-                                        schedule)  # fmt: skip
+        # The acceptance priced on the tenant's drafting homes (per method), not its overall estimate.
+        priced = {r.method: model.acceptance(t, r.method) for r in ctx.homes[t] if r.method != "off"}
+        policy = assembly.tenant_policy(ctx, verdict, proposal, ov, theta, max_batch, tenant_rho,
+                                        priced or view.acceptance, schedule)  # fmt: skip
         policy = assembly.carry(policy, carried.get(t), prev.policy)
         policy = policy.model_copy(update={"probe": tenant_probe(ctx, model, t, policy, prev.policy, cfg, ov)})
         changed = hysteresis.policy_changed(prev, policy)

@@ -15,6 +15,7 @@ drafter, canary and capture opt-in -- is carried onto the policy last
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
 from contract.knobs import Schedule
 from contract.overrides import FleetShape, TenantOverride, apply_override
@@ -82,14 +83,28 @@ def gain_vs_off(v: Verdict, p: TenantProposal) -> float:
     return g_best / p.g_off if p.g_off > 0 else 1.0
 
 
+def acceptance_label(acceptance: float | Mapping[str, float]) -> str:
+    """The reason's `a=`: the acceptance the decision priced. One method (or one number):
+    `0.88`; a tenant whose home replicas run several methods: `dspark:0.88/ngram:0.41`,
+    since a tenant's ngram and trained-drafter acceptance differ several-fold."""
+    if not isinstance(acceptance, Mapping):
+        return f"{acceptance:.2f}"
+    if len(acceptance) == 1:
+        return f"{next(iter(acceptance.values())):.2f}"
+    return "/".join(f"{m}:{a:.2f}" for m, a in sorted(acceptance.items()))
+
+
 def tenant_policy(
     ctx: FleetContext, v: Verdict, p: TenantProposal, ov: TenantOverride | None, theta: float | None,
-    max_batch: int | None, rho: dict[str, float], acceptance: float, schedule: Schedule | None = None,
+    max_batch: int | None, rho: dict[str, float], acceptance: float | Mapping[str, float],
+    schedule: Schedule | None = None,
 ) -> SpeculationPolicy:
-    """The policy to publish for one tenant, with its reason and source."""
+    """The policy to publish for one tenant, with its reason and source. `acceptance`: what the
+    decision priced, per method of the tenant's home replicas (`GoodputModel.acceptance`)."""
     policy = with_override(speculation_policy(v.chosen, theta, ctx, max_batch, schedule), ov, ctx)
     local_rho = max(rho.values(), default=0.0)
-    bits = [v.why, f"rho={local_rho:.2f} ({regime_label(local_rho)})", f"a={acceptance:.2f}", f"gain_vs_off={gain_vs_off(v, p):.2f}"]
+    bits = [v.why, f"rho={local_rho:.2f} ({regime_label(local_rho)})", f"a={acceptance_label(acceptance)}",
+            f"gain_vs_off={gain_vs_off(v, p):.2f}"]
     if p.slo_note:
         bits.append(p.slo_note)
     # An `auto` override with bounds is the controller deciding inside them

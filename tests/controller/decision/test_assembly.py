@@ -134,3 +134,9 @@ def test_decide_publishes_the_carried_fields_and_an_override_keeps_them():
     # The override rule alone keeps them too (the admin API publishes its pins through it).
     p = apply_override(SpeculationPolicy(drafter="d", capture=CaptureSpec(fraction=0.5)), TenantOverride(mode="off"))
     assert p is not None and not p.enabled and p.drafter == "d" and p.capture == CaptureSpec(fraction=0.5)
+
+
+def test_acceptance_label_names_each_priced_method():
+    assert a.acceptance_label(0.876) == "0.88"
+    assert a.acceptance_label({"dspark": 0.876}) == "0.88"
+    assert a.acceptance_label({"ngram": 0.414, "dspark": 0.876}) == "dspark:0.88/ngram:0.41"

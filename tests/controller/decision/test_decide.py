@@ -407,3 +407,12 @@ def test_the_load_alone_never_turns_a_tenant_on_or_off_under_schedules():
     assert all(after.policies[t].enabled for t in ("code", "chat"))
     old = decide([replica(256, {"code": 0.5, "chat": 0.5})], views, {}, {}, now=0.0, cfg=DecisionConfig(schedule_grid=None))
     assert not old.policies["chat"].enabled
+
+
+def test_reason_prints_the_acceptance_the_decision_priced_not_the_overall_estimate():
+    """A tenant measured at 0.88 on DSpark replicas but 0.30 overall (its ngram history):
+    the decision prices DSpark at 0.88, and the reason's `a=` must say so."""
+    view = TenantView("code", 0.30, 10_000, by_method={"dspark": CODE, "ngram": 0.30})
+    d = decide(fleet(8, {"code": 1.0}), [view], {}, {}, now=0.0)
+    assert "a=0.88" in d.policies["code"].reason
+    assert "a=0.30" not in d.policies["code"].reason
