@@ -75,7 +75,7 @@ import random
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -524,7 +524,7 @@ def run_sweep(args, settings: Settings, policies: list[str], concurrencies: list
     print(f"\n(a) concurrency sweep, closed loop, tenants code:chat = 1:1, {measure_s:.0f} s measured per point "
           f"after {warm:.0f} s warm-up (all policies; the controller's restarts settle)")
     sweep_ok = True
-    kind = FLEETS[args.fleet]
+    kind = fleet_of(args)
     # Biggest simulations first, so that the pool's last jobs are short ones.
     jobs = [(p, c, warm, measure_s, args.seed, settings, kind) for c in sorted(concurrencies, reverse=True)
             for p in policies]
@@ -552,7 +552,7 @@ def run_trace(args, settings: Settings, policies: list[str], phases: list[Phase]
     """One trace run of every policy; prints its tables and returns the headline ratios."""
     d = phases[0].duration_s
     total = float(sum(p.duration_s for p in phases))
-    kind = FLEETS[args.fleet]
+    kind = fleet_of(args)
     rows = run_jobs(_trace_job, [(p, phases, args.seed, settings, truth, kind) for p in policies], args.jobs)
     statics = [r for r in rows if r.policy in kind.statics]
     per_phase, picks = best_static_per_phase(statics, len(phases), total)
@@ -600,6 +600,12 @@ def run_trace(args, settings: Settings, policies: list[str], phases: list[Phase]
     return out
 
 
+def fleet_of(args: argparse.Namespace) -> Fleet:
+    """The fleet kind the invocation compares, with `--controller-start` applied (validated in `main`)."""
+    kind = FLEETS[args.fleet]
+    return replace(kind, controller_start=args.controller_start) if args.controller_start else kind
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="fewer sweep points and K-table candidates, shorter runs")
@@ -614,6 +620,9 @@ def main() -> None:
                          "strings (e.g. 'K=0'); the as-modelled trace always runs")
     ap.add_argument("--fleet", choices=sorted(FLEETS), default="dspark",
                     help="the replicas' speculation: DSpark drafters (default) or vLLM's ngram prompt lookup")
+    ap.add_argument("--controller-start", type=str, default=None, metavar="PROFILE",
+                    help="the launch profile the controller's fleet starts as (default: the fleet's, dspark-b8-av or "
+                         "ngram-k8); naming the K tables' profile (dspark-b8) compares the two policies on one launch")
     ap.add_argument("--points", type=str, default="", help="comma-separated sweep concurrencies (default: all)")
     ap.add_argument("--warm", type=float, default=0.0,
                     help="sweep warm-up seconds for every policy (default 600; --quick 120)")
@@ -626,7 +635,9 @@ def main() -> None:
                     help="settings override, highest precedence, e.g. --set controller.restart_gate.min_loss=0.6 "
                          "(repeatable)")
     args = ap.parse_args()
-    kind = FLEETS[args.fleet]
+    if args.controller_start and args.controller_start not in FLEETS[args.fleet].statics:
+        ap.error(f"--controller-start: {args.controller_start!r} is not one of {', '.join(FLEETS[args.fleet].statics)}")
+    kind = fleet_of(args)
     settings = bench_settings(args.config, args.assignments, kind)
     t_start = time.time()
     ktables = list(k_table_candidates(args.quick))

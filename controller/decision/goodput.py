@@ -11,12 +11,15 @@ Model. Replica r runs a batch of B_r requests whose tenants have conditional
 per-position acceptance a_t (see `acceptance_fit`). If tenant t may draft L_t
 tokens per step and proposes in a share p_t of its steps, f_t * L_t tokens on
 average (`acceptance_fit.Proposal`: measured for ngram, 1 and 1 for a trained
-drafter), one engine step verifies n_r = B_r * sum_t mix_rt * (1 + p_t f_t L_t)
-tokens, emits B_r * sum_t mix_rt * tau_t(L_t) tokens and takes T_r(B_r, n_r)
+drafter), one engine step verifies n_r = B_r * sum_t s_rt * (1 + p_t f_t L_t)
+tokens, emits B_r * sum_t s_rt * tau_t(L_t) tokens and takes T_r(B_r, n_r)
 seconds (the replica's step curve with the drafter's pass; on a knob-capable
 replica whose drafter skips its pass at K=0 the pass is paid by the steps that
 hold a drafting request, a share 1 - (1 - w)^B of them, elsewhere by every
-step). Goodput is B_r * tokens / T_r.
+step). Goodput is B_r * tokens / T_r. The tenants' shares of the batch s_rt
+follow from their measured shares of the replica's tokens m_rt, which the caps
+do not move, and their tokens per step: s_rt ~ m_rt / tau_t(L_t) (a slower
+tenant's requests hold their slots longer; `batch_shares`).
 """
 
 from __future__ import annotations
@@ -62,6 +65,30 @@ def effective_cap(rep: ReplicaInput, k: int) -> int:
         # routing (preferred_profile), which the model takes as realised.
         return rep.block if k > 0 else 0
     return min(k, rep.block)
+
+
+def batch_shares(token_shares: Mapping[str, float], taus: Mapping[str, float]) -> dict[str, float]:
+    """Each tenant's share of a replica's running requests, from its share of the tokens.
+
+    The mix is measured as shares of completion tokens, and that share is what a
+    choice of caps leaves alone: clients draw requests (closed loop) or send them
+    (open loop) at rates the caps do not set, so each tenant's tokens stay in
+    proportion. Its requests' share of the batch does not: a request holds its
+    slot for (its output) / (its tokens per step) steps (Little's law), so a
+    tenant emitting tau_t tokens per step holds a share proportional to
+    m_t / tau_t. Slowing one tenant fills the batch with its requests: with
+    `code` drafting at tau 4.2 and `chat` off at 1, equal token shares put 81 %
+    of the batch in chat, and the batch emits 1.6 tokens per request-step, not
+    the 2.6 that equal slots would (simulated: drafting code alone beside chat
+    at 0 yielded +2 % over nobody drafting, both drafting +33 %).
+
+    The same holds with an `off` pool: a tenant at k=0 queues there instead, but
+    the clients' concurrency is the fleet's, so its slower requests take their
+    share of the fleet's slots wherever they run.
+    """
+    weights = {t: m / max(taus.get(t, 1.0), 1e-9) for t, m in token_shares.items()}
+    total = sum(weights.values())
+    return {t: w / total for t, w in weights.items()} if total > 0 else dict(token_shares)
 
 
 class ReplicaEval(NamedTuple):
@@ -151,13 +178,23 @@ class GoodputModel:
         mix = rep.mix or {DEFAULT_TENANT: 1.0}
         total = sum(mix.values()) or 1.0
         default_k = choice.get(DEFAULT_TENANT, 0)
-        rows = []  # (tenant, weight, a, cap, floor, proposal)
+        rows = []  # (tenant, token share, a, cap, floor, proposal)
         for tenant, weight in mix.items():
-            w = weight / total
             cap = effective_cap(rep, choice.get(tenant, default_k))
-            rows.append((tenant, w, self.acceptance(tenant, rep.method), cap, self.thetas.get(tenant),
+            rows.append((tenant, weight / total, self.acceptance(tenant, rep.method), cap, self.thetas.get(tenant),
                          self.proposes(tenant, rep.method)))
-        drafting, phi = self._drafting_share(rep, [(w, cap) for _, w, _, cap, _, _ in rows], batch)
+
+        def lengths(limit: int) -> dict[str, int]:
+            return {t: draft_length(a, min(cap, limit), floor if rep.adaptive else None)
+                    for t, _, a, cap, floor, _ in rows}
+
+        def slots(length: Mapping[str, int]) -> tuple[dict[str, float], dict[str, float]]:
+            """(tenant -> tokens per step, tenant -> share of the batch's requests) at these lengths."""
+            taus = {t: proposal.tokens(a, length[t]) for t, _, a, _, _, proposal in rows}
+            return taus, batch_shares({t: m for t, m, *_ in rows}, taus)
+
+        _, at_caps = slots(lengths(rep.block))
+        drafting, phi = self._drafting_share(rep, [(at_caps[t], cap) for t, _, _, cap, _, _ in rows], batch)
         longest = rep.block if drafting > 0 else 0
 
         def step_time(n: float, extra: float = 0.0) -> float:
@@ -172,13 +209,10 @@ class GoodputModel:
             ) * rep.cost.step_time_s(batch, batch + extra, 0, rep.context_tokens, 0.0)
 
         def at_limit(limit: int) -> tuple[float, float, float, dict[str, float]]:
-            tokens = verify = 0.0
-            taus: dict[str, float] = {}
-            for tenant, w, a, cap, floor, proposal in rows:
-                length = draft_length(a, min(cap, limit), floor if rep.adaptive else None)
-                taus[tenant] = proposal.tokens(a, length)
-                tokens += w * taus[tenant]
-                verify += w * (1 + proposal.drafted(length))
+            length = lengths(limit)
+            taus, share = slots(length)
+            tokens = sum(share[t] * taus[t] for t in taus)
+            verify = sum(share[t] * (1 + proposal.drafted(length[t])) for t, *_, proposal in rows)
             n = batch * verify
             prefill = rep.prefill_ratio * batch * tokens  # mean prompt tokens per step
             step = step_time(n)

@@ -244,7 +244,12 @@ def steady_schedule(prev: TenantState, v: Verdict, schedule: Schedule | None, cf
     it); else the one in force until `cfg.schedule_dwell_s` since the tenant's
     policy last changed, and after that too unless the new one's predicted
     `gain` where it acts now (`schedule.schedule_gain`; None: not priced)
-    reaches `cfg.retune_margin`, the margin any change of cap must clear.
+    reaches `cfg.retune_margin`, the margin any change of cap must clear; a
+    gain of `cfg.strong_margin` replaces it at once. Why: a schedule computed
+    on the last phase's inputs (the first ticks after a load step still carry
+    its mix and step curve) otherwise keeps cutting drafts for a whole dwell --
+    simulated, the trace's c=16 phase ran 60 s on a schedule that stopped
+    drafting above 8 requests, at 8 requests a replica.
     A schedule already covers every load, so what moves it from tick to tick
     is the noise in its inputs (the fitted step curve, the acceptance
     estimate, the traffic mix), and the one in force keeps acting every
@@ -264,6 +269,8 @@ def steady_schedule(prev: TenantState, v: Verdict, schedule: Schedule | None, cf
         return schedule
     if gain is not None and gain < cfg.retune_margin:
         return old
+    if gain is not None and gain >= cfg.strong_margin:
+        return schedule  # a strong gain where it acts now does not wait out the dwell (as a cap's does not)
     return schedule if now - prev.since >= cfg.schedule_dwell_s else old
 
 

@@ -51,7 +51,10 @@ CASES = [
     ("low-load-both-on", 2, {"code": 0.5, "chat": 0.5}, dict(code=CODE, chat=CHAT), {"code": (True, 8, 16), "chat": (True, 2, 16)}),
     ("poor-drafter-alone-off", 1, {"poor": 1.0}, dict(poor=POOR), {"poor": (False, 0, 0)}),
     ("mid-load-code-longer", 8, {"code": 0.5, "chat": 0.5}, dict(code=CODE, chat=CHAT), {"code": (True, 8, 16), "chat": (True, 2, 4)}),
-    ("mid-high-chat-off-code-on", 16, {"code": 0.5, "chat": 0.5}, dict(code=CODE, chat=CHAT), {"code": (True, 4, 16), "chat": (False, 0, 0)}),
+    # Chat drafts short beside code before it stops: left at one token a step its
+    # requests would fill the batch (goodput.batch_shares).
+    ("mid-high-chat-short-code-long", 16, {"code": 0.5, "chat": 0.5}, dict(code=CODE, chat=CHAT), {"code": (True, 4, 16), "chat": (True, 1, 2)}),
+    ("high-chat-off-code-on", 24, {"code": 0.5, "chat": 0.5}, dict(code=CODE, chat=CHAT), {"code": (True, 4, 16), "chat": (False, 0, 0)}),
     ("compute-bound-chat-off", 128, {"code": 0.5, "chat": 0.5}, dict(code=CODE, chat=CHAT), {"code": (None, 0, 2), "chat": (False, 0, 0)}),
     ("compute-bound-all-off", 128, {"chat": 0.5, "poor": 0.5}, dict(chat=CHAT, poor=POOR), {"chat": (False, 0, 0), "poor": (False, 0, 0)}),
     ("very-high-load-off", 256, {"code": 1.0}, dict(code=CODE), {"code": (False, 0, 0)}),

@@ -6,6 +6,7 @@ import pytest
 
 from controller.acceptance_fit import Proposal, expected_accepted, method_proposal, tokens_per_step
 from controller.decision import effective_cap, regime_label, replica_load, run_batch
+from controller.decision.goodput import batch_shares
 
 from .common import CHAT, CODE, model, replica
 
@@ -122,15 +123,37 @@ def test_without_a_k0_skip_every_step_pays_the_pass():
 
 def test_at_light_load_a_small_drafting_tenant_pays_the_pass_only_in_its_own_steps():
     """With per-request knobs a step skips the drafter when nobody in it
-    drafts: at batch 1 a 5 % tenant's drafts cost ~5 % of the steps, so turning
-    it on gains ~5 % x its own speed-up; at a deep batch every step holds a
-    drafter and the pass is paid throughout."""
+    drafts: at batch 1 a tenant with 5 % of the tokens holds the replica less
+    than 5 % of the time, and only then pays the pass; turning it on saves it
+    the share 1 - 1/tau of its time, so the replica gains ~5 % x (1 - 1/tau);
+    at a deep batch every step holds a drafter and the pass is paid throughout."""
     m = model(acc={"code": CODE, "bulk": CHAT})
     light = replica(0, {"bulk": 0.95, "code": 0.05})
     on, off = m.evaluate(light, {"bulk": 0, "code": 16}), m.evaluate(light, {"bulk": 0, "code": 0})
     own = tokens_per_step(CODE, 16)
-    assert on.goodput / off.goodput - 1 == pytest.approx(0.05 * (own - 1), rel=0.25)
-    assert on.step_s < off.step_s * 1.05  # the pass shows up in ~5 % of steps
+    saved = 0.05 * (1 - 1 / own)  # of the replica's time: the gain is 1 / (1 - saved) - 1
+    assert on.goodput / off.goodput - 1 == pytest.approx(1 / (1 - saved) - 1, rel=0.25)
+    assert on.step_s < off.step_s * 1.05  # the pass shows up in under 5 % of steps
     deep = replica(256, {"bulk": 0.95, "code": 0.05})
     on_deep, off_deep = m.evaluate(deep, {"bulk": 0, "code": 16}), m.evaluate(deep, {"bulk": 0, "code": 0})
     assert on_deep.goodput < off_deep.goodput  # ~every step drafts: the pass and the verify tokens cost the batch
+
+
+def test_a_tenant_s_share_of_the_batch_follows_its_tokens_and_its_speed():
+    """Little's law: the mix is measured in tokens, which the caps do not move; a request
+    holds its slot for its output / its tokens per step, so a slower tenant fills the batch.
+    With code drafting and chat off, chat's requests hold most slots and code's drafting
+    buys far less than equal slots would say; with both drafting, the batch is shared
+    by how fast each goes."""
+    assert batch_shares({"code": 0.5, "chat": 0.5}, {"code": 4.2, "chat": 1.0}) == pytest.approx(
+        {"code": 0.5 / 4.2 / (0.5 / 4.2 + 0.5), "chat": 0.5 / (0.5 / 4.2 + 0.5)})
+    assert batch_shares({"code": 0.5, "chat": 0.5}, {"code": 2.0, "chat": 2.0}) == pytest.approx({"code": 0.5, "chat": 0.5})
+    m = model()
+    rep = replica(16, {"code": 0.5, "chat": 0.5}, profile="dspark-b8", block=8)
+    code_only = m.evaluate(rep, {"code": 8, "chat": 0})
+    both = m.evaluate(rep, {"code": 8, "chat": 8})
+    # Tokens a request-step: the token-weighted harmonic mean of the tenants' taus.
+    per_slot = 1 / (0.5 / code_only.taus["code"] + 0.5 / code_only.taus["chat"])
+    assert code_only.goodput * code_only.step_s / 16 == pytest.approx(per_slot)
+    assert per_slot < (code_only.taus["code"] + 1) / 2
+    assert both.goodput > code_only.goodput  # the pass is paid anyway: chat's drafts cost only their verification

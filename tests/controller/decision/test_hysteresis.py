@@ -230,7 +230,8 @@ def test_past_its_dwell_a_changed_schedule_must_gain_the_retune_margin_where_it_
     assert h.steady_schedule(prev, same, new, cfg, now=160.0, gain=0.0) == old  # the same steps today
     assert h.steady_schedule(prev, same, new, cfg, now=160.0, gain=0.049) == old
     assert h.steady_schedule(prev, same, new, cfg, now=160.0, gain=0.05) == new
-    assert h.steady_schedule(prev, same, new, cfg, now=130.0, gain=0.5) == old  # the dwell still holds
+    assert h.steady_schedule(prev, same, new, cfg, now=130.0, gain=0.1) == old  # the dwell still holds
+    assert h.steady_schedule(prev, same, new, cfg, now=130.0, gain=cfg.strong_margin) == new  # unless the gain is strong
     # Turning on or off, and an admin's move, publish at once whatever the gain.
     forced = h.Verdict(8, 4, "", True, 0.0, {}, 0.0, False, None, 0, None, 0, {})
     assert h.steady_schedule(prev, forced, new, cfg, now=130.0, gain=0.0) == new
