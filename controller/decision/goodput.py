@@ -84,7 +84,9 @@ def batch_shares(token_shares: Mapping[str, float], taus: Mapping[str, float]) -
 
     The same holds with an `off` pool: a tenant at k=0 queues there instead, but
     the clients' concurrency is the fleet's, so its slower requests take their
-    share of the fleet's slots wherever they run.
+    share of the fleet's slots wherever they run. Where each tenant instead keeps a
+    fixed number of requests in flight, the requests stay in proportion: the rule
+    is exact at the caps in force there only (docs/controller.md, *The decision*).
     """
     weights = {t: m / max(taus.get(t, 1.0), 1e-9) for t, m in token_shares.items()}
     total = sum(weights.values())
