@@ -186,16 +186,20 @@ class GoodputModel:
             rows.append((tenant, weight / total, self.acceptance(tenant, rep.method), cap, self.thetas.get(tenant),
                          self.proposes(tenant, rep.method)))
 
-        def lengths(limit: int) -> dict[str, int]:
-            return {t: draft_length(a, min(cap, limit), floor if rep.adaptive else None)
-                    for t, _, a, cap, floor, _ in rows}
+        token_shares = {t: m for t, m, *_ in rows}
+        seen: dict[int, tuple[dict[str, int], dict[str, float], dict[str, float]]] = {}
 
-        def slots(length: Mapping[str, int]) -> tuple[dict[str, float], dict[str, float]]:
-            """(tenant -> tokens per step, tenant -> share of the batch's requests) at these lengths."""
-            taus = {t: proposal.tokens(a, length[t]) for t, _, a, _, _, proposal in rows}
-            return taus, batch_shares({t: m for t, m, *_ in rows}, taus)
+        def slots(limit: int) -> tuple[dict[str, int], dict[str, float], dict[str, float]]:
+            """(tenant -> draft length, -> tokens per step, -> share of the batch's requests) under a
+            common verify `limit`; once per limit (the drafting share and `at_limit` ask for the block's)."""
+            if limit not in seen:
+                length = {t: draft_length(a, min(cap, limit), floor if rep.adaptive else None)
+                          for t, _, a, cap, floor, _ in rows}
+                taus = {t: proposal.tokens(a, length[t]) for t, _, a, _, _, proposal in rows}
+                seen[limit] = length, taus, batch_shares(token_shares, taus)
+            return seen[limit]
 
-        _, at_caps = slots(lengths(rep.block))
+        at_caps = slots(rep.block)[2]
         drafting, phi = self._drafting_share(rep, [(at_caps[t], cap) for t, _, _, cap, _, _ in rows], batch)
         longest = rep.block if drafting > 0 else 0
 
@@ -211,8 +215,7 @@ class GoodputModel:
             ) * rep.cost.step_time_s(batch, batch + extra, 0, rep.context_tokens, 0.0)
 
         def at_limit(limit: int) -> tuple[float, float, float, dict[str, float]]:
-            length = lengths(limit)
-            taus, share = slots(length)
+            length, taus, share = slots(limit)
             tokens = sum(share[t] * taus[t] for t in taus)
             verify = sum(share[t] * (1 + proposal.drafted(length[t])) for t, *_, proposal in rows)
             n = batch * verify
