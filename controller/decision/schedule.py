@@ -33,8 +33,8 @@ on/off a routing choice, which today's batch must make.
 
 What stays with the hysteresis (hysteresis.py): whether a tenant drafts at
 all (with margins, confirmation and dwell), a TPOT target's choice (a tenant
-with a target is priced at today's batch, and one whose cap its SLO chose
-gets no schedule: the schedule knows no targets), and when a changed
+whose cap its SLO chose at today's batch is priced there and gets no
+schedule: the schedule knows no targets), and when a changed
 schedule is published (`steady_schedule`): the load itself no longer moves
 a drafting tenant's policy; acceptance, the step cost and the traffic mix,
 which the schedule is computed from, do -- and a recomputed schedule

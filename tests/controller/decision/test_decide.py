@@ -412,6 +412,42 @@ def test_the_load_alone_never_turns_a_tenant_on_or_off_under_schedules():
     assert not old.policies["chat"].enabled
 
 
+@pytest.mark.parametrize("target_ms", [1e6, 1e-3], ids=["met-by-the-optimum", "unreachable"])
+def test_a_tpot_target_that_chooses_no_cap_leaves_on_off_where_drafting_pays(target_ms):
+    """A TPOT target is about today's batch, and where it chooses nothing there (the
+    goodput optimum meets it, or no affordable cap does) the tenant's on/off is priced
+    where drafting pays, as an untargeted tenant's: a compute-bound tick leaves it on,
+    drafting nothing there, so the requests admitted now draft once the batch falls.
+    Priced at today's batch instead, every tenant of the simulated trace (all of which
+    carry targets) was switched off at c=256, and the requests admitted then ran the
+    c=16 phase after it undrafted."""
+    views = [TenantView("code", CODE, 10_000, tpot_target_ms=target_ms),
+             TenantView("chat", CHAT, 10_000, tpot_target_ms=target_ms)]
+    light = decide([replica(2, {"code": 0.5, "chat": 0.5})], views, {}, {}, now=0.0)
+    heavy = decide([replica(256, {"code": 0.5, "chat": 0.5})], views, {}, {}, now=0.0)
+    for t in ("code", "chat"):
+        assert heavy.policies[t].enabled and heavy.policies[t].schedule is not None, t
+        assert heavy.policies[t].schedule == light.policies[t].schedule, t
+        assert cap(heavy.policies[t], 256) == 0 and max(cap(heavy.policies[t], b) for b in (1, 2, 4)) > 0, t
+
+
+def test_a_tpot_target_that_moves_the_cap_today_decides_at_today_s_batch_without_a_schedule():
+    """Where the target does choose (a longer draft keeps the tenant inside it at
+    affordable cost), that choice stands at today's batch: the schedule knows no
+    targets, so the tenant gets none."""
+    reps = [replica(24, {"slo": 0.2, "chat": 0.8})]
+    free = decide(reps, [TenantView("slo", CODE, 10_000), TenantView("chat", CHAT, 10_000)], {}, {}, now=0.0)
+    k_free = cap(free.policies["slo"], 24)
+    t_free = next(r for r in free.records if r.tenant == "slo").numbers["predicted_tpot_ms"]
+    # A target just under the free choice's TPOT: the SLO must buy a longer draft.
+    tight = decide(reps, [TenantView("slo", CODE, 10_000, tpot_target_ms=0.97 * t_free),
+                          TenantView("chat", CHAT, 10_000)], {}, {}, now=0.0)
+    p = tight.policies["slo"]
+    rec = next(r for r in tight.records if r.tenant == "slo")
+    assert p.enabled and p.schedule is None and cap(p, 24) > k_free
+    assert rec.numbers["predicted_tpot_ms"] <= 0.97 * t_free
+
+
 def test_reason_prints_the_acceptance_the_decision_priced_not_the_overall_estimate():
     """A tenant measured at 0.88 on DSpark replicas but 0.30 overall (its ngram history):
     the decision prices DSpark at 0.88, and the reason's `a=` must say so."""
