@@ -377,7 +377,8 @@ class DecisionSettings(_Strict):
     schedule_dwell_s: float = Field(
         default=60.0, ge=0,
         description="seconds after a tenant's last policy change before a changed schedule replaces the one in "
-        "force (at once when the tenant turns on or off, an admin pins it, or it gains strong_margin where it acts now)",
+        "force (at once when the tenant turns on or off, an admin pins it, or it gains strong_margin where it acts now; "
+        "past it where it gains retune_margin where it acts now, or strong_margin at any one batch)",
     )
 
     @field_validator("schedule_grid")

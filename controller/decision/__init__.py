@@ -56,7 +56,13 @@ from .goodput import (
 )
 from .optimizer import Optimizer, Plan, TenantProposal
 from .probe import drafts, predicted_gain, tenant_probe
-from .schedule import schedule_gain, scheduled_proposals, schedules_stand, tenant_schedules
+from .schedule import (
+    schedule_gain,
+    schedule_gain_elsewhere,
+    scheduled_proposals,
+    schedules_stand,
+    tenant_schedules,
+)
 from .threshold import LoadThresholds, spec_max_batch
 from .views import (
     FULL,
@@ -133,7 +139,9 @@ def decide(
         new = schedules.get(t)
         gain = schedule_gain(opt, t, in_force, new, computed, load) \
             if in_force is not None and new is not None and new != in_force else None
-        schedule = hysteresis.steady_schedule(prev, verdict, new, cfg, now, stand=searched is not None, gain=gain)
+        elsewhere = (lambda: schedule_gain_elsewhere(opt, t, in_force, new, computed)) if gain is not None else None
+        schedule = hysteresis.steady_schedule(prev, verdict, new, cfg, now, stand=searched is not None, gain=gain,
+                                              elsewhere=elsewhere)
         # A schedule says where the tenant stops drafting itself (its zeros; the policy
         # sends its envelope as max_batch to plugins without schedules); the load
         # threshold, priced for today's cap at every batch, would cut it short.

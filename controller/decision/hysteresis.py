@@ -22,6 +22,7 @@ verdict or new state out.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from contract.knobs import Schedule
@@ -238,7 +239,8 @@ def schedule_in_force(prev: TenantState) -> Schedule | None:
 
 
 def steady_schedule(prev: TenantState, v: Verdict, schedule: Schedule | None, cfg: DecisionConfig, now: float,
-                    stand: bool = False, gain: float | None = None) -> Schedule | None:
+                    stand: bool = False, gain: float | None = None,
+                    elsewhere: Callable[[], float] | None = None) -> Schedule | None:
     """The schedule to publish: the new one at once when none was in force or
     the tenant's cap at today's batch changed (it was off, or an admin moved
     it); else the one in force until `cfg.schedule_dwell_s` since the tenant's
@@ -250,6 +252,11 @@ def steady_schedule(prev: TenantState, v: Verdict, schedule: Schedule | None, cf
     its mix and step curve) otherwise keeps cutting drafts for a whole dwell --
     simulated, the trace's c=16 phase ran 60 s on a schedule that stopped
     drafting above 8 requests, at 8 requests a replica.
+    `elsewhere`: the new one's largest gain at any one batch
+    (`schedule.schedule_gain_elsewhere`, asked only once the dwell has passed
+    and the gain where it acts now stays under the margin): reaching
+    `cfg.strong_margin`, it is published anyway, for the requests admitted
+    when the load gets there keep the schedule they were sent.
     A schedule already covers every load, so what moves it from tick to tick
     is the noise in its inputs (the fitted step curve, the acceptance
     estimate, the traffic mix), and the one in force keeps acting every
@@ -267,11 +274,13 @@ def steady_schedule(prev: TenantState, v: Verdict, schedule: Schedule | None, cf
         return old
     if schedule is None or old is None or v.forced or (v.cur == 0) != (v.chosen == 0) or schedule == old:
         return schedule
-    if gain is not None and gain < cfg.retune_margin:
-        return old
     if gain is not None and gain >= cfg.strong_margin:
         return schedule  # a strong gain where it acts now does not wait out the dwell (as a cap's does not)
-    return schedule if now - prev.since >= cfg.schedule_dwell_s else old
+    if now - prev.since < cfg.schedule_dwell_s:
+        return old
+    if gain is not None and gain < cfg.retune_margin:
+        return schedule if elsewhere is not None and elsewhere() >= cfg.strong_margin else old
+    return schedule
 
 
 def policy_changed(prev: TenantState, policy: SpeculationPolicy) -> bool:

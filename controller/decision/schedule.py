@@ -260,14 +260,46 @@ def schedule_gain(
     [[2, 8], [6, 4]] and [[6, 8], [8, 4]] block after block, 3.7 changes a
     minute at 12 requests a step. Where two schedules agree at today's
     batches they run the same steps (0 here); where they differ elsewhere,
-    this gain is read again once the load gets there."""
-    reps = schedule_replicas(opt.ctx)
+    this gain is read again once the load gets there, and a strong difference
+    there is published after the dwell (`schedule_gain_elsewhere`)."""
     grid = grid_of(opt.cfg)
-    if not reps or not grid:
+    if not schedule_replicas(opt.ctx) or not grid:
         return 0.0
     near = [b for b in grid if load / 2 <= b <= 2 * load] or [min(grid, key=lambda b: abs(b - load))]
+    ratios = _ratios(opt, t, old, new, others, near)
+    return (sum(ratios) / len(ratios) - 1.0) / opt.share(t)
+
+
+def schedule_gain_elsewhere(
+    opt: Optimizer, t: str, old: Schedule, new: Schedule, others: Mapping[str, Schedule | int]
+) -> float:
+    """Tenant t's largest predicted gain from `new` over `old` at any one batch
+    on the grid (the others at `others`), per unit of its traffic share.
+
+    Why: `schedule_gain` prices a schedule where it acts now, so a difference
+    at another load waits until the load gets there -- but the requests
+    admitted when it arrives were sent the schedule in force and keep it for
+    their lifetime. Simulated: the trace's first schedules, computed on the
+    step curve's prior before any step was timed, stopped drafting above 16
+    requests; through the c=4 phase the learned curve said to draft 4 tokens
+    at 24, which gained nothing at 2 requests a step, and the 44 requests
+    admitted when the load rose to 24 a replica ran undrafted (the c=48
+    phase's first 5 s: 5609 tok/s against vLLM's K table's 7361). A
+    difference this large (`strong_margin`) is no grid step of noise, so it is
+    published once the dwell has passed (`hysteresis.steady_schedule`)."""
+    grid = grid_of(opt.cfg)
+    if not schedule_replicas(opt.ctx) or not grid:
+        return 0.0
+    return (max(_ratios(opt, t, old, new, others, grid)) - 1.0) / opt.share(t)
+
+
+def _ratios(opt: Optimizer, t: str, old: Schedule, new: Schedule, others: Mapping[str, Schedule | int],
+            batches: list[int]) -> list[float]:
+    """Per batch in `batches`, the fleet's goodput with t at `new`'s length over
+    that with t at `old`'s (1 where they draft alike), the others at `others`."""
+    reps = schedule_replicas(opt.ctx)
     ratios = []
-    for b in near:
+    for b in batches:
         k_old, k_new = schedule_cap(old, b), schedule_cap(new, b)
         if k_old == k_new:
             ratios.append(1.0)
@@ -277,4 +309,4 @@ def schedule_gain(
         g_old = opt.model.total(priced, {**lengths, t: k_old})
         g_new = opt.model.total(priced, {**lengths, t: k_new})
         ratios.append(g_new / g_old if g_old > 0 else (math.inf if g_new > 0 else 1.0))
-    return (sum(ratios) / len(ratios) - 1.0) / opt.share(t)
+    return ratios

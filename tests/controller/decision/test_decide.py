@@ -13,7 +13,7 @@ import pytest
 
 from controller.costs import RooflineCost
 from controller.decision import DecisionConfig, GoodputModel, ReplicaInput, TenantState, TenantView, decide
-from contract.knobs import cap_at
+from contract.knobs import cap_at, schedule_cap
 from contract.overrides import TenantOverride
 
 CODE, CHAT, POOR = 0.88, 0.55, 0.15  # conditional acceptance per position
@@ -372,6 +372,26 @@ def test_a_changed_schedule_waits_for_its_dwell_unless_the_tenant_turns_on_or_of
     assert late.policies["code"].schedule == wanted
     gain = next(r for r in late.records if r.tenant == "code").numbers["schedule_gain"]
     assert gain >= cfg.retune_margin  # it pays at the batches the replicas run (8 requests a step)
+
+
+def test_past_its_dwell_a_schedule_that_differs_strongly_at_another_load_is_published():
+    """At 2 requests a step a tenant's schedule from its first tick (acceptance 0.4: it
+    stops drafting above 8) and the one its measured acceptance now wants (0.88: it
+    drafts up to 48) run alike, so today's gain is 0; at the batches between they differ
+    by far more than the strong margin, and the requests admitted when the load gets
+    there keep what they were sent, so it is published once the dwell has passed."""
+    cfg = DecisionConfig(schedule_dwell_s=60.0)
+    reps = [replica(2, {"code": 1.0})]
+    first = decide(reps, [TenantView("code", 0.4, 10_000)], {}, {}, now=0.0, cfg=cfg)
+    measured = [TenantView("code", CODE, 10_000)]
+    wanted = decide(reps, measured, {}, {}, now=0.0, cfg=cfg).policies["code"].schedule
+    assert cap(first.policies["code"], 24) == 0 < schedule_cap(wanted, 24)
+    early = decide(reps, measured, first.state, {}, now=30.0, cfg=cfg)
+    assert early.policies["code"].schedule == first.policies["code"].schedule  # inside the dwell
+    late = decide(reps, measured, first.state, {}, now=100.0, cfg=cfg)
+    record = next(r for r in late.records if r.tenant == "code")
+    assert record.numbers["schedule_gain"] < cfg.retune_margin  # nothing gained where it acts now
+    assert late.policies["code"].schedule == wanted and record.changed
 
 
 def test_a_recomputed_schedule_that_gains_little_where_it_acts_now_is_not_published():

@@ -238,3 +238,28 @@ def test_past_its_dwell_a_changed_schedule_must_gain_the_retune_margin_where_it_
     was_off = TenantState(k=0, since=100.0, policy=SpeculationPolicy(enabled=False, max_draft=0))
     on = h.Verdict(0, 8, "", False, 0.0, {}, 0.0, False, None, 0, None, 0, {})
     assert h.steady_schedule(was_off, on, new, cfg, now=101.0, gain=0.0) == new
+
+
+def test_past_its_dwell_a_schedule_that_differs_strongly_elsewhere_is_published():
+    """The requests admitted when the load moves keep the schedule they were sent, so a
+    difference at another load as large as the strong margin is published once the dwell
+    has passed, though the two run alike today; a smaller one (a grid step of noise) is
+    not, and the gain elsewhere is not asked inside the dwell or where today's gain decides."""
+    cfg = DecisionConfig(schedule_dwell_s=60.0, retune_margin=0.05, strong_margin=0.15)
+    old, new = ((16, 4),), ((16, 4), (32, 4))
+    prev = TenantState(k=4, since=100.0, policy=SpeculationPolicy(max_draft=4, schedule=old))
+    same = h.Verdict(4, 4, "", False, 0.0, {}, 0.0, False, None, 0, None, 0, {})
+    asked: list[float] = []
+
+    def elsewhere(value: float):
+        def gain() -> float:
+            asked.append(value)
+            return value
+        return gain
+
+    assert h.steady_schedule(prev, same, new, cfg, now=160.0, gain=0.0, elsewhere=elsewhere(0.15)) == new
+    assert h.steady_schedule(prev, same, new, cfg, now=160.0, gain=0.0, elsewhere=elsewhere(0.149)) == old
+    assert asked == [0.15, 0.149]
+    assert h.steady_schedule(prev, same, new, cfg, now=130.0, gain=0.0, elsewhere=elsewhere(9.0)) == old
+    assert h.steady_schedule(prev, same, new, cfg, now=160.0, gain=0.06, elsewhere=elsewhere(0.0)) == new
+    assert asked == [0.15, 0.149]

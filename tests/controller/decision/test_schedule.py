@@ -10,6 +10,7 @@ from controller.decision.schedule import (
     joint_lengths,
     monotone,
     schedule_gain,
+    schedule_gain_elsewhere,
     scheduled_proposals,
     schedules_stand,
     tenant_schedules,
@@ -134,3 +135,18 @@ def test_a_schedule_is_priced_where_it_acts_now():
     # Compute-bound (512 requests a step): the same lengths lose there.
     deep = optimizer([replica(512, {"code": 0.5, "chat": 0.5})], views)
     assert schedule_gain(deep, "code", ((1, 0),), ((512, 8),), {"chat": 0}, load=512.0) < 0
+
+
+def test_a_schedule_s_gain_elsewhere_is_its_largest_at_any_one_batch():
+    """`schedule_gain_elsewhere`: where two schedules run alike today (2 requests a step)
+    but one stops drafting at 16 requests and the other drafts 4 tokens up to 32 beside
+    chat drafting as much (the pass is paid), the largest gain at one batch is the
+    second's at 24..32; the reverse change gains nowhere."""
+    views = tenants(code=CODE, chat=CHAT)
+    opt = optimizer([replica(2, {"code": 0.5, "chat": 0.5})], views)
+    others = {"chat": ((16, 4), (32, 4))}
+    stops, goes_on = ((16, 4),), ((16, 4), (32, 4))
+    assert schedule_gain(opt, "code", stops, goes_on, others, load=2.0) == 0.0
+    elsewhere = schedule_gain_elsewhere(opt, "code", stops, goes_on, others)
+    assert elsewhere >= DecisionConfig().strong_margin
+    assert schedule_gain_elsewhere(opt, "code", goes_on, stops, others) <= 0.0 < elsewhere
