@@ -84,6 +84,20 @@ def _tenant_tau(workload: str, cap: int, adaptive: bool, batch: float, draft_s: 
     return acc.expected_tokens_per_step(preset, cap), acc.expected_draft_length(preset, cap)
 
 
+def batch_shares(mix: dict[str, float], taus: dict[str, float], tenants: dict[str, TenantSpec]) -> dict[str, float]:
+    """Each tenant's share of a replica's batch when its requests arrive in
+    proportion to `mix` (the trace's one pool of closed-loop clients draws each
+    request's tenant from it): a request holds its slot for its output over its
+    tokens per step (Little's law), so w_t ~ m_t x output_t / tau_t. Priced with
+    w = m, as until 2026-12-07, a tenant that drafts (or writes less) was priced
+    as holding the slots its slower neighbour holds (the controller's goodput
+    model had the same error: `controller.decision.goodput.batch_shares`, whose
+    inputs are token shares, not request shares)."""
+    hold = {t: w * max(tenants[t].output_mean, 1.0) / max(taus[t], 1e-9) for t, w in mix.items()}
+    total = sum(hold.values())
+    return {t: h / total for t, h in hold.items()} if total > 0 else dict(mix)
+
+
 def replica_rate(profile: str, mix: dict[str, float], caps: dict[str, int], tenants: dict[str, TenantSpec],
                  batch: float, gpu: str, model: str) -> float:
     """Steady-state output tokens/s of one replica holding `batch` requests of `mix` (weights sum to 1)."""
@@ -97,10 +111,12 @@ def replica_rate(profile: str, mix: dict[str, float], caps: dict[str, int], tena
     drafting = prof.block_size > 0 and any(k > 0 for k in eff.values())
     ngram_replica = prof.method == "ngram"  # no drafter pass on the GPU: a CPU search (host time below)
     draft_s = cm.drafter_time_s(g, m, b, prof.block_size, context) if drafting and not ngram_replica else 0.0
+    per = {t: _tenant_tau(tenants[t].workload, eff[t], prof.adaptive, float(b), round(draft_s, 6), gpu, model,
+                          round(context), prof.method, prof.block_size) for t in mix}
+    shares = batch_shares(mix, {t: tau for t, (tau, _) in per.items()}, tenants)
     tokens = verify = prefill = verifying = 0.0
-    for t, w in mix.items():
-        tau, verified = _tenant_tau(tenants[t].workload, eff[t], prof.adaptive, float(b), round(draft_s, 6), gpu,
-                                    model, round(context), prof.method, prof.block_size)
+    for t, w in shares.items():
+        tau, verified = per[t]
         tokens += w * tau
         verify += w * (1.0 + verified)
         if eff[t] > 0:  # the share of its request-steps that carry drafts
