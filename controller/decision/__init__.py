@@ -139,9 +139,14 @@ def decide(
         new = schedules.get(t)
         gain = schedule_gain(opt, t, in_force, new, computed, load) \
             if in_force is not None and new is not None and new != in_force else None
-        elsewhere = (lambda: schedule_gain_elsewhere(opt, t, in_force, new, computed)) if gain is not None else None
+        elsewhere: list[float] = []  # the gain at any one batch, when the hysteresis asks for it
+
+        def gain_elsewhere() -> float:
+            elsewhere.append(schedule_gain_elsewhere(opt, t, in_force, new, computed))
+            return elsewhere[-1]
+
         schedule = hysteresis.steady_schedule(prev, verdict, new, cfg, now, stand=searched is not None, gain=gain,
-                                              elsewhere=elsewhere)
+                                              elsewhere=gain_elsewhere if gain is not None else None)
         # A schedule says where the tenant stops drafting itself (its zeros; the policy
         # sends its envelope as max_batch to plugins without schedules); the load
         # threshold, priced for today's cap at every batch, would cut it short.
@@ -167,7 +172,7 @@ def decide(
         drafting_cap = (k_now or k) if drafts(policy) else max((r.block for r in ctx.homes[t]), default=0)
         predicted = predicted_gain(ctx, model, t, choice, drafting_cap) if view.measured_gain is not None else None
         records.append(assembly.record(now, changed, policy, verdict, proposal, view, theta, theta_star, tenant_rho, tpot,
-                                       predicted, gain))  # fmt: skip
+                                       predicted, gain, elsewhere[-1] if elsewhere else None))  # fmt: skip
 
     return Decision(policies, new_state, records, replica_regimes(ctx, model, new_state, cfg))
 

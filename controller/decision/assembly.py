@@ -124,6 +124,7 @@ def record(
     now: float, changed: bool, policy: SpeculationPolicy, v: Verdict, p: TenantProposal, view: TenantView,
     theta: float | None, theta_star: float, rho: dict[str, float], tpot_ms: float,
     predicted_gain: float | None = None, schedule_gain: float | None = None,
+    schedule_gain_elsewhere: float | None = None,
 ) -> DecisionRecord:
     numbers = {
         "k": cap_label(v.chosen),
@@ -152,6 +153,10 @@ def record(
         # The tick's recomputed schedule against the one in force, where it acts now
         # (`schedule.schedule_gain`; None: nothing to compare): below the retune margin it waits.
         "schedule_gain": None if schedule_gain is None or math.isinf(schedule_gain) else round(schedule_gain, 4),
+        # Past the dwell, with schedule_gain under the margin: its largest gain at any one batch
+        # (`schedule.schedule_gain_elsewhere`; None: not asked); at strong_margin it is published.
+        "schedule_gain_elsewhere": None if schedule_gain_elsewhere is None or math.isinf(schedule_gain_elsewhere)
+        else round(schedule_gain_elsewhere, 4),
         # A probe's two arms (controller/decision/probe.py): their measured ratio of time per output
         # token beside the model's prediction for a request drafting at the arm's cap.
         "measured_gain": None if view.measured_gain is None else {

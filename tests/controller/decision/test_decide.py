@@ -391,6 +391,7 @@ def test_past_its_dwell_a_schedule_that_differs_strongly_at_another_load_is_publ
     late = decide(reps, measured, first.state, {}, now=100.0, cfg=cfg)
     record = next(r for r in late.records if r.tenant == "code")
     assert record.numbers["schedule_gain"] < cfg.retune_margin  # nothing gained where it acts now
+    assert record.numbers["schedule_gain_elsewhere"] >= cfg.strong_margin
     assert late.policies["code"].schedule == wanted and record.changed
 
 
