@@ -94,7 +94,55 @@ def test_a_gain_dipping_below_the_margin_briefly_keeps_its_streak():
 def test_a_recommendation_gone_longer_than_the_grace_starts_over():
     gate = PlanGate(restart_s=30.0, grace_s=15.0)
     gone = lambda t: {"r0": ("dspark-b8-av", 1.0) if 200 <= t < 260 else ("off", 1.1)}  # noqa: E731
-    assert first_action_time(gate, gone) == 560.0  # 260 s + 300 s of fresh credit
+    # A fresh streak from 260 s; its credit would pay one downtime at 560 s, but the 200-s
+    # regime seen to end charges the way back too: 0.1 x (streak / 2) >= 2 x 30 s at a 1200-s streak.
+    assert first_action_time(gate, gone) == pytest.approx(1460.0, abs=1.0)
+    without_history = PlanGate(restart_s=30.0, grace_s=15.0)
+    assert first_action_time(without_history, lambda t: {"r0": ("off", 1.1)}) == 300.0
+
+
+def test_where_regimes_are_seen_to_end_a_restart_must_also_pay_for_the_way_back():
+    """Two regimes of 120 s ended unacted (+10 % each: too little to restart), then `off`
+    at +58 %: alone that pays one downtime back in 52 s, but the regimes seen say this one
+    will likely end as they did, too soon to pay for going and coming back, so the gate
+    waits; a regime that outlasts every one seen is judged by the Lindy guess with the
+    chance 1 / 3 that it is unlike them: restart once 0.58 x streak / 3 >= 2 x 30 s."""
+    def phases(until_off: float):
+        def plan(t: float) -> dict:
+            if t < 120:
+                return {"r0": ("dspark-b16", 1.1)}
+            if t < 240:
+                return {"r0": ("dspark-b4-av", 1.1)}
+            return {"r0": ("off", 1.58)} if t < until_off else {"r0": ("dspark-b8-av", 1.0)}
+        return plan
+
+    assert first_action_time(PlanGate(restart_s=30.0), phases(360.0)) is None
+    fired = first_action_time(PlanGate(restart_s=30.0), phases(3600.0))
+    assert fired == 240.0 + 311.0
+    # Without regimes seen to end, the one-way payback (the Lindy guess) fires in under a minute.
+    assert first_action_time(PlanGate(restart_s=30.0), lambda t: {"r0": ("off", 1.58)}) == 52.0
+
+
+def test_a_streak_ended_by_the_restart_it_asked_for_is_no_regime_length():
+    gate = PlanGate(restart_s=30.0)
+    regimes = {"r0": regime("r0", "dspark-b8-av", "off", 2.0)}
+    fired = [t for t in range(0, 40) if gate.actions(regimes, float(t))]
+    assert fired == [30]
+    done = {"r0": regime("r0", "off", "off", 1.0)}  # converted: nothing wanted any more
+    for t in range(40, 100):
+        gate.actions(done, float(t))
+    assert gate.expected_left_s(5.0) is None  # nothing recorded: no regime was seen to end
+    # An unacted streak that ends is one.
+    for t in range(100, 110):
+        gate.actions({"r0": regime("r0", "off", "dspark-b4-av", 1.01)}, float(t))
+    for t in range(110, 200):
+        gate.actions(done, float(t))
+    assert gate.expected_left_s(4.0) is None  # 9 s: a flap, shorter than min_confirm_s
+    for t in range(200, 260):
+        gate.actions({"r0": regime("r0", "off", "dspark-b4-av", 1.01)}, float(t))
+    for t in range(260, 300):
+        gate.actions(done, float(t))
+    assert gate.expected_left_s(40.0) == pytest.approx((59.0 - 40.0 + 40.0) / 2)  # it lasted 59 s
 
 
 # -- GatedActuator: the one restart path (shipped service and benchmark) ------
