@@ -250,6 +250,26 @@ async def test_the_explanation_predicts_when_the_gate_fires():
     assert doc["recommendation"]["summary"].endswith("paid back: converting now")
 
 
+def test_the_forecast_counts_the_way_back_where_regimes_have_ended():
+    """Two 119-s regimes ended unacted, then `off` at +58 % from 240 s: the outlook's
+    `pays_back_in_s` counts down to the tick the gate fires (551 s), and says how long
+    the regime is expected to last."""
+    gate = PlanGate(restart_s=30.0)
+    early = {"r0": regime("r0", "dspark-b8-av", "dspark-b16", 1.1)}
+    later = {"r0": regime("r0", "dspark-b8-av", "dspark-b4-av", 1.1)}
+    for t in range(0, 240):
+        assert gate.actions(early if t < 120 else later, float(t)) == []
+    off = {"r0": regime("r0", "dspark-b8-av", "off", 1.58)}
+    for t in range(240, 551):
+        assert gate.actions(off, float(t)) == [], t
+        step = gate.outlook(off, float(t))["r0"]
+        if t >= 300:
+            assert t + step["pays_back_in_s"] == pytest.approx(551.0, abs=1.0), t
+            age = t - 240
+            assert step["expected_left_s"] == pytest.approx((2 * max(119 - age, 0) + age) / 3, abs=0.1)
+    assert gate.actions(off, 551.0) == [("r0", "off")]
+
+
 async def test_pool_replicas_are_explained_as_pool_scaling_in_recommend_mode():
     act = default_actuator(RestartGateSettings())
     regs = {
