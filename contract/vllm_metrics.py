@@ -21,8 +21,10 @@ from prometheus_client.parser import text_string_to_metric_families
 class StepCell:
     """Sums over the engine steps of one cell, as the specgate extension times them in the
     worker (drafters/vllm_ext/step_timing.py): cells are (batch, tokens, drafting), batch and
-    forward tokens bucketed to the next power of two, drafting 1 when the drafter ran after
-    the step. sums / steps are exact per-step means, idle time excluded."""
+    forward tokens bucketed to the next power of two, drafting 1 when the step's draft length
+    K > 0 (the drafter runs after it; where no K=0 skip is in force it runs at K=0 too, and the
+    controller reads such a cell as drafting: controller.estimators.passes_run). sums / steps
+    are exact per-step means, idle time excluded."""
 
     steps: float = 0.0
     seconds: float = 0.0
@@ -71,7 +73,7 @@ def add_step(cells: dict[StepCellKey, StepCell], requests: int, tokens: int, dra
 
 ENGINE_STEP_HELP: dict[str, str] = {
     "steps": "engine steps, by cell (batch and forward tokens bucketed to powers of two; "
-             "drafting: the drafter ran after the step)",
+             "drafting: the step's draft length K > 0)",
     "seconds": "seconds those steps took (from the previous busy step's end, else their schedule(), "
                "to the end of update_from_output())",
     "requests": "scheduled requests summed over those steps",

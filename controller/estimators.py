@@ -96,6 +96,28 @@ def _decay(half_life_s: float, dt_s: float) -> float:
     return 0.5 ** (max(dt_s, 0.0) / half_life_s) if half_life_s > 0 else 0.0
 
 
+def passes_run(cells: Mapping[StepCellKey, StepCell], method: str, engine_fixes: Iterable[str] | None
+               ) -> dict[StepCellKey, StepCell]:
+    """PURE: the engine-timed cells with `drafting` meaning what the learner reads
+    it as, that the drafter's pass ran after the step. The plugin labels a cell by
+    the step's draft length (K > 0 after its caps); on a speculative replica whose
+    K=0 steps do not skip the pass (`contract.knobs.k0_skips_drafter`: EAGLE-3, or
+    DSpark/DFlash/ngram without the skip in force) a K=0 step ran the pass as well,
+    so its cell is read as a drafting one. Read as labelled, every such step looked
+    like a plain decode step as dear as a drafting one: the learner put the pass
+    into the per-request term (simulated, vLLM 0.32's V2 runner at 128 requests a
+    replica: the pass priced at 3.9 ms of its ~15, and `off`, 58 % better, below
+    +4 %), so the fleet plan never recommended the restart that removes it."""
+    if method == "off" or k0_skips_drafter(method, engine_fixes):
+        return dict(cells)
+    out: dict[StepCellKey, StepCell] = {}
+    for (batch, tokens, _), cell in cells.items():
+        key = (batch, tokens, 1)
+        old = out.get(key)
+        out[key] = cell if old is None else StepCell(*(a + b for a, b in zip(old.values(), cell.values())))
+    return out
+
+
 @dataclass
 class ReplicaEstimate:
     name: str
@@ -190,7 +212,8 @@ class ReplicaEstimator:
                 est.prefill_ratio = ratio if est.samples == 1 else b * ratio + (1 - b) * est.prefill_ratio
             if sample.engine_steps:
                 # The extension timed the steps themselves: exact points, idle time excluded.
-                est.cost.observe_cells(sample.dt_s, sample.engine_steps, est.block)
+                est.cost.observe_cells(sample.dt_s, passes_run(sample.engine_steps, est.method, est.engine_fixes),
+                                       est.block)
             if sample.busy_throughout:
                 # The interval is all steps only when the engine never idled in it.
                 est.step_time_s = step if est.step_time_s is None else a * step + (1 - a) * est.step_time_s
@@ -205,6 +228,8 @@ class ReplicaEstimator:
                 # the drafts vLLM counts. A step drafts when any request in it
                 # does: at >= 1 draft per step on average, nearly all of them.
                 phi = min(1.0, sample.drafts / sample.iterations)
+                if est.method != "off" and not k0_skips_drafter(est.method, est.engine_fixes):
+                    phi = 1.0  # its K=0 steps run the pass too (`passes_run`)
                 batch = max(requests_per_step, 1.0)
                 if not sample.engine_steps:
                     est.cost.observe(sample.dt_s, sample.iterations, sample.forward_tokens,

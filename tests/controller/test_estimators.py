@@ -402,3 +402,56 @@ def test_a_replica_view_prices_k0_steps_by_the_skips_the_replica_reports():
         est.ensure(name, profile, ReplicaCost.for_names(profile=profile)).engine_fixes = fixes
     views = {v.name: v for v in replica_views(est, {})}
     assert {n: v.k0_skips_pass for n, v in views.items()} == {n: c[2] for n, c in cases.items()}
+
+
+def test_a_k0_cell_counts_as_drafting_where_the_replica_s_k0_steps_run_the_pass():
+    """The plugin labels a cell by the step's draft length; where the replica reports
+    no K=0 skip for its method, a K=0 step ran the drafter's pass too, and its cell is
+    merged into the drafting one of its shape. Where the skip is in force (or the
+    replica reports no fixes: the plugin's), and on an `off` replica, cells stay."""
+    from contract.knobs import K0_SKIP_V2_DFLASH
+    from controller.estimators import passes_run
+
+    cells = {(64, 64, 0): StepCell(10, 0.2, 640, 640, 0), (64, 256, 1): StepCell(5, 0.15, 320, 1280, 960),
+             (64, 64, 1): StepCell(2, 0.05, 128, 128, 0)}
+    stock = passes_run(cells, "dspark", frozenset({"expand_batch_to_tokens"}))
+    assert set(stock) == {(64, 64, 1), (64, 256, 1)}
+    assert stock[(64, 64, 1)].values() == pytest.approx((12, 0.25, 768, 768, 0))
+    assert stock[(64, 256, 1)] == cells[(64, 256, 1)]
+    assert passes_run(cells, "eagle3", None).keys() == stock.keys()  # EAGLE's first forward always runs
+    for method, fixes in (("dspark", frozenset({K0_SKIP_V2_DFLASH})), ("dspark", None), ("off", frozenset())):
+        assert passes_run(cells, method, fixes) == cells
+
+
+def test_the_learner_finds_the_pass_of_a_replica_whose_k0_steps_still_run_it():
+    """A stock V2 DSpark replica (no K=0 skip in force) running every step with the
+    pass, its tenants capped at 0 in half of them: read as labelled, the K=0 half
+    looked like plain decode steps as dear as drafting ones, and the learner put the
+    pass into the per-request term, pricing a step without it (an `off` replica) at
+    nearly a drafting one's cost. Read as drafting, the pass is left to the drafter's
+    prior and `off` is priced below it."""
+    from controller.costs import ReplicaCost
+    from controller.estimators import ReplicaEstimator
+    from controller.signals import ReplicaSample
+
+    flat, slope, knee, pass_per_request = 0.005, 60e-6, 90.0, 110e-6  # the truth: every step runs the pass
+
+    def step(batch: int, tokens: int) -> float:
+        return flat + slope * max(0.0, tokens - knee) + pass_per_request * batch
+
+    est, cost = ReplicaEstimator(), ReplicaCost.for_names(profile="dspark-b8")
+    est.ensure("r", "dspark-b8", cost)
+    for i in range(60):
+        batch = (16, 32, 64, 128)[i % 4]
+        # Per interval, 50 steps capped at 0 (label 0) and 50 drafting 2 tokens a request (label 1).
+        cells = {(batch, 2 ** (t - 1).bit_length(), int(d)): StepCell(50, 50 * step(batch, t), 50 * batch, 50 * t,
+                                                                        50 * (t - batch))
+                 for d, t in ((False, batch), (True, 3 * batch))}
+        est.update(ReplicaSample("r", dt_s=1.0, running=batch, waiting=0, kv_usage=0.1, drafts=50 * batch,
+                                 draft_tokens=100 * batch, accepted_tokens=50 * batch, iteration_tokens=200 * batch,
+                                 iterations=100, generation_tokens=100 * batch, supports_knobs=True,
+                                 engine_fixes=frozenset({"expand_batch_to_tokens"}), engine_steps=cells))
+    with_pass, without = cost.step_time_s(128, 128, 8, 1024.0), cost.step_time_s(128, 128, 0, 1024.0)
+    truth_pass = pass_per_request * 128
+    assert with_pass - without >= 0.5 * truth_pass
+    assert without <= step(128, 128) - 0.5 * truth_pass
