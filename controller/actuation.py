@@ -420,8 +420,9 @@ class PlanGate:
             # The way back binds: scan while the regimes seen still end within the streak,
             # then the expected rest grows as (streak + t) / (n + 1).
             longest = max(self._ended)
+            step = max(1.0, (longest - streak - t) / 200.0)  # a bounded scan, whatever the regimes' length
             while streak + t < longest and not self._outlasts(credit + g * t, streak + t, cost):
-                t += 1.0
+                t += step
             if not self._outlasts(credit + g * t, streak + t, cost):
                 t = max(t, 2.0 * cost * (len(self._ended) + 1) / g - streak)
         return round(t, 1)
