@@ -35,6 +35,9 @@ class StepCell:
     def minus(self, old: "StepCell") -> "StepCell":
         return StepCell(*(max(0.0, a - b) for a, b in zip(self.values(), old.values())))
 
+    def plus(self, other: "StepCell") -> "StepCell":
+        return StepCell(*(a + b for a, b in zip(self.values(), other.values())))
+
     def values(self) -> tuple[float, ...]:
         return self.steps, self.seconds, self.requests, self.tokens, self.draft_tokens
 

@@ -108,13 +108,12 @@ def passes_run(cells: Mapping[StepCellKey, StepCell], method: str, engine_fixes:
     into the per-request term (simulated, vLLM 0.32's V2 runner at 128 requests a
     replica: the pass priced at 3.9 ms of its ~15, and `off`, 58 % better, below
     +4 %), so the fleet plan never recommended the restart that removes it."""
-    if method == "off" or k0_skips_drafter(method, engine_fixes):
+    if k0_skips_drafter(method, engine_fixes):  # also True without speculation ("off")
         return dict(cells)
     out: dict[StepCellKey, StepCell] = {}
     for (batch, tokens, _), cell in cells.items():
         key = (batch, tokens, 1)
-        old = out.get(key)
-        out[key] = cell if old is None else StepCell(*(a + b for a, b in zip(old.values(), cell.values())))
+        out[key] = out[key].plus(cell) if key in out else cell
     return out
 
 
@@ -228,7 +227,7 @@ class ReplicaEstimator:
                 # the drafts vLLM counts. A step drafts when any request in it
                 # does: at >= 1 draft per step on average, nearly all of them.
                 phi = min(1.0, sample.drafts / sample.iterations)
-                if est.method != "off" and not k0_skips_drafter(est.method, est.engine_fixes):
+                if not k0_skips_drafter(est.method, est.engine_fixes):
                     phi = 1.0  # its K=0 steps run the pass too (`passes_run`)
                 batch = max(requests_per_step, 1.0)
                 if not sample.engine_steps:

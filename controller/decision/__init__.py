@@ -106,12 +106,14 @@ def decide(
         # The engine applies each drafting tenant's schedule every step: on/off is
         # priced where drafting pays (schedule.py). A TPOT target is about today's
         # batch: where it moves the tenant's cap there (the SLO's choice), that stands.
-        proposals, searched = scheduled_proposals(opt, {t: s.k for t, s in state.items()}, cfg, sorted(ctx.tenants))
         for t in sorted(ctx.tenants):
             if ctx.tenants[t].tpot_target_ms:
                 today = opt.tenant_proposal(t, plan, state.get(t, TenantState()).k)
                 if today.slo_driven:
                     proposals[t] = today
+        scheduled, searched = scheduled_proposals(opt, {t: s.k for t, s in state.items()}, cfg,
+                                                  [t for t in sorted(ctx.tenants) if t not in proposals])
+        proposals.update(scheduled)
     verdicts: dict[str, hysteresis.Verdict] = {}
     for t in sorted(ctx.tenants):
         prev = state.get(t, TenantState())

@@ -262,11 +262,11 @@ def schedule_gain(
     batches they run the same steps (0 here); where they differ elsewhere,
     this gain is read again once the load gets there, and a strong difference
     there is published after the dwell (`schedule_gain_elsewhere`)."""
-    grid = grid_of(opt.cfg)
-    if not schedule_replicas(opt.ctx) or not grid:
+    reps, grid = schedule_replicas(opt.ctx), grid_of(opt.cfg)
+    if not reps or not grid:
         return 0.0
     near = [b for b in grid if load / 2 <= b <= 2 * load] or [min(grid, key=lambda b: abs(b - load))]
-    ratios = _ratios(opt, t, old, new, others, near)
+    ratios = _ratios(opt, reps, t, old, new, others, near)
     return (sum(ratios) / len(ratios) - 1.0) / opt.share(t)
 
 
@@ -287,17 +287,16 @@ def schedule_gain_elsewhere(
     phase's first 5 s: 5609 tok/s against vLLM's K table's 7361). A
     difference this large (`strong_margin`) is no grid step of noise, so it is
     published once the dwell has passed (`hysteresis.steady_schedule`)."""
-    grid = grid_of(opt.cfg)
-    if not schedule_replicas(opt.ctx) or not grid:
+    reps, grid = schedule_replicas(opt.ctx), grid_of(opt.cfg)
+    if not reps or not grid:
         return 0.0
-    return (max(_ratios(opt, t, old, new, others, grid)) - 1.0) / opt.share(t)
+    return (max(_ratios(opt, reps, t, old, new, others, grid)) - 1.0) / opt.share(t)
 
 
-def _ratios(opt: Optimizer, t: str, old: Schedule, new: Schedule, others: Mapping[str, Schedule | int],
-            batches: list[int]) -> list[float]:
-    """Per batch in `batches`, the fleet's goodput with t at `new`'s length over
+def _ratios(opt: Optimizer, reps: list[ReplicaInput], t: str, old: Schedule, new: Schedule,
+            others: Mapping[str, Schedule | int], batches: list[int]) -> list[float]:
+    """Per batch in `batches`, the goodput of `reps` with t at `new`'s length over
     that with t at `old`'s (1 where they draft alike), the others at `others`."""
-    reps = schedule_replicas(opt.ctx)
     ratios = []
     for b in batches:
         k_old, k_new = schedule_cap(old, b), schedule_cap(new, b)
