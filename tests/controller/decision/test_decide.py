@@ -402,7 +402,7 @@ def test_a_recomputed_schedule_that_gains_little_where_it_acts_now_is_not_publis
     cfg = DecisionConfig(schedule_dwell_s=60.0)
     reps = fleet(8, {"code": 1.0})
     first = decide(reps, tenants(code=CODE), {}, {}, now=0.0, cfg=cfg)
-    better = [TenantView("code", 0.95, 10_000)]  # longer drafts now pay, but little at 8 requests a step
+    better = [TenantView("code", 0.92, 10_000)]  # longer drafts now pay, but little at 8 requests a step
     wanted = decide(reps, better, {}, {}, now=0.0, cfg=cfg).policies["code"].schedule
     assert wanted != first.policies["code"].schedule
     late = decide(reps, better, first.state, {}, now=200.0, cfg=cfg)
