@@ -257,12 +257,13 @@ def step_batch_weights(grid: list[int], load: float, least: float = 1e-3) -> dic
     if not grid:
         return {}
     lam = max(load, 1e-9)
-    top = int(lam + 10 * math.sqrt(lam) + 10)
-    lo, weights = 0, {}
-    for i, b in enumerate(grid):
-        hi = top if i == len(grid) - 1 else b
-        mass = sum(math.exp(n * math.log(lam) - lam - math.lgamma(n + 1)) for n in range(max(lo + 1, 1), max(hi, lo) + 1))
-        weights[b], lo = mass, b
+    top = int(lam + 10 * math.sqrt(lam) + 10)  # the tail beyond weighs nothing
+
+    def pmf(n: int) -> float:
+        return math.exp(n * math.log(lam) - lam - math.lgamma(n + 1))
+
+    edges = [0, *grid[:-1], top]  # grid[i] collects (edges[i], edges[i + 1]]; the last one up to `top`
+    weights = {b: sum(pmf(n) for n in range(lo + 1, hi + 1)) for b, lo, hi in zip(grid, edges, edges[1:])}
     kept = {b: w for b, w in weights.items() if w >= least}
     total = sum(kept.values())
     if total <= 0:  # a load far outside the grid: its nearest batch
