@@ -263,7 +263,7 @@ def step_batch_weights(grid: list[int], load: float, least: float = 1e-3) -> dic
         return math.exp(n * math.log(lam) - lam - math.lgamma(n + 1))
 
     edges = [0, *grid[:-1], top]  # grid[i] collects (edges[i], edges[i + 1]]; the last one up to `top`
-    weights = {b: sum(pmf(n) for n in range(lo + 1, hi + 1)) for b, lo, hi in zip(grid, edges, edges[1:])}
+    weights = {b: sum(pmf(n) for n in range(lo + 1, min(hi, top) + 1)) for b, lo, hi in zip(grid, edges, edges[1:])}
     kept = {b: w for b, w in weights.items() if w >= least}
     total = sum(kept.values())
     if total <= 0:  # a load far outside the grid: its nearest batch
