@@ -22,7 +22,8 @@ The price is the steady state of a closed loop: a replica holding B
 requests (all running) of mix w emits B * sum_t w_t tau_t per step; one
 step verifies B * sum_t w_t (1 + verified_t) tokens plus the prefill those
 tokens bring (prompt/output of each tenant), at mean context prompt +
-output/2, plus the drafter's pass when anyone drafts (batch-wide). Adaptive
+output/2, plus the drafter's pass when anyone drafts (batch-wide; at K=0 too
+under a `Truth` that says so, which also scales the pass). Adaptive
 verification uses `expected_tokens_adaptive` per tenant (as if the batch
 were that tenant's). It leaves out what makes real (and simulated) runs
 slower -- ramp-up, queueing, prefill bursts, KV preemption, a phase's first
@@ -43,6 +44,33 @@ from drafters.sim import TenantSpec
 from drafters.sim import ngram_acceptance as ngram
 
 CAPS = (0, 2, 4, 8, 16)
+
+
+@dataclass(frozen=True)
+class Truth:
+    """The simulated truth a bound is priced under: the perturbations of bench/control_sweep.py
+    this model can price (`drafters.sim.engine_types.EngineConfig` fields of the same names).
+
+    Why: a sensitivity row that misses its target is either the controller's fault or its
+    launch profile's; the bound of the launch profile alone, priced under that row's truth,
+    tells which. `k0_pays_drafter`: a step capped at K=0 still runs the drafter's pass (the
+    prompt-lookup search for ngram); `drafter_cost_scale`: that pass (search) costs this
+    multiple of the model's."""
+
+    k0_pays_drafter: bool = False
+    drafter_cost_scale: float = 1.0
+
+    @classmethod
+    def of(cls, perturbation: dict | None) -> Truth | None:
+        """The truth of a perturbation, None where it changes something else as well
+        (acceptance, adaptive verification's tables, proposal rates: not priced here)."""
+        perturbation = perturbation or {}
+        if set(perturbation) - {"k0_pays_drafter", "drafter_cost_scale"}:
+            return None
+        return cls(**perturbation)
+
+
+AS_MODELLED = Truth()
 
 
 @dataclass(frozen=True)
@@ -99,7 +127,7 @@ def batch_shares(mix: dict[str, float], taus: dict[str, float], tenants: dict[st
 
 
 def replica_rate(profile: str, mix: dict[str, float], caps: dict[str, int], tenants: dict[str, TenantSpec],
-                 batch: float, gpu: str, model: str) -> float:
+                 batch: float, gpu: str, model: str, truth: Truth = AS_MODELLED) -> float:
     """Steady-state output tokens/s of one replica holding `batch` requests of `mix` (weights sum to 1)."""
     if batch <= 0 or not mix:
         return 0.0
@@ -110,7 +138,10 @@ def replica_rate(profile: str, mix: dict[str, float], caps: dict[str, int], tena
     eff = {t: min(caps.get(t, 0), prof.block_size) for t in mix}
     drafting = prof.block_size > 0 and any(k > 0 for k in eff.values())
     ngram_replica = prof.method == "ngram"  # no drafter pass on the GPU: a CPU search (host time below)
-    draft_s = cm.drafter_time_s(g, m, b, prof.block_size, context) if drafting and not ngram_replica else 0.0
+    # The pass (search) runs when anyone drafts, or at K=0 too where the truth says so.
+    searching = drafting or (truth.k0_pays_drafter and prof.block_size > 0)
+    draft_s = (truth.drafter_cost_scale * cm.drafter_time_s(g, m, b, prof.block_size, context)
+               if searching and not ngram_replica else 0.0)
     per = {t: _tenant_tau(tenants[t].workload, eff[t], prof.adaptive, float(b), round(draft_s, 6), gpu, model,
                           round(context), prof.method, prof.block_size) for t in mix}
     shares = batch_shares(mix, {t: tau for t, (tau, _) in per.items()}, tenants)
@@ -134,8 +165,8 @@ def replica_rate(profile: str, mix: dict[str, float], caps: dict[str, int], tena
     device = (q * cm.step_time_s(g, m, int(round(n + burst)), b, context)
               + (1.0 - q) * cm.step_time_s(g, m, int(round(n)), b, context) + draft_s)
     host = cm.host_time_s(b, int(round(b * verifying)))
-    if drafting and ngram_replica:
-        host += cm.ngram_propose_time_s(b, b * context)
+    if searching and ngram_replica:
+        host += truth.drafter_cost_scale * cm.ngram_propose_time_s(b, b * context)
     step = cm.step_wall_time_s(device, host, prof.method)
     # Below one request per replica the replica idles part of the time (c=1 on
     # two replicas: each busy half of it).
@@ -143,7 +174,8 @@ def replica_rate(profile: str, mix: dict[str, float], caps: dict[str, int], tena
 
 
 def shared_bound(concurrency: int, mix: dict[str, float], tenants: dict[str, TenantSpec], profiles: list[str],
-                 replicas: int = 2, gpu: str = "h200", model: str = "qwen3-8b") -> BoundChoice:
+                 replicas: int = 2, gpu: str = "h200", model: str = "qwen3-8b",
+                 truth: Truth = AS_MODELLED) -> BoundChoice:
     """The best choice with every replica running the same profile and the whole mix."""
     mix = _normalised(mix)
     names = sorted(mix)
@@ -151,14 +183,15 @@ def shared_bound(concurrency: int, mix: dict[str, float], tenants: dict[str, Ten
     for profile in profiles:
         for combo in itertools.product(_caps(profile), repeat=len(names)):
             caps = dict(zip(names, combo))
-            rate = replicas * replica_rate(profile, mix, caps, tenants, concurrency / replicas, gpu, model)
+            rate = replicas * replica_rate(profile, mix, caps, tenants, concurrency / replicas, gpu, model, truth)
             if rate > best.rate_tok_s:
                 best = BoundChoice(rate, tuple((profile, tuple(caps.items())) for _ in range(replicas)))
     return best
 
 
 def apart_bound(concurrency: int, mix: dict[str, float], tenants: dict[str, TenantSpec], profiles: list[str],
-                replicas: int = 2, gpu: str = "h200", model: str = "qwen3-8b") -> BoundChoice | None:
+                replicas: int = 2, gpu: str = "h200", model: str = "qwen3-8b",
+                truth: Truth = AS_MODELLED) -> BoundChoice | None:
     """The best choice with two tenants on two replicas, one replica each (its closed-loop
     clients going to its own replica, however unequal the two loads); None for other shapes."""
     mix = _normalised(mix)
@@ -167,18 +200,20 @@ def apart_bound(concurrency: int, mix: dict[str, float], tenants: dict[str, Tena
         return None
     per_tenant = {}
     for t in names:
-        per_tenant[t] = max((replica_rate(profile, {t: 1.0}, {t: k}, tenants, concurrency * mix[t], gpu, model),
+        per_tenant[t] = max((replica_rate(profile, {t: 1.0}, {t: k}, tenants, concurrency * mix[t], gpu, model, truth),
                              profile, k) for profile in profiles for k in _caps(profile))
     return BoundChoice(sum(v[0] for v in per_tenant.values()),
                        tuple((per_tenant[t][1], ((t, per_tenant[t][2]),)) for t in names))
 
 
 def phase_bound(concurrency: int, mix: dict[str, float], tenants: dict[str, TenantSpec], profiles: list[str],
-                replicas: int = 2, gpu: str = "h200", model: str = "qwen3-8b") -> BoundChoice:
+                replicas: int = 2, gpu: str = "h200", model: str = "qwen3-8b",
+                truth: Truth = AS_MODELLED) -> BoundChoice:
     """The best choice for one phase (see the module docstring): the tenants sharing the
-    replicas or kept apart, whichever the model prices higher."""
-    return best_of(shared_bound(concurrency, mix, tenants, profiles, replicas, gpu, model),
-                   apart_bound(concurrency, mix, tenants, profiles, replicas, gpu, model))
+    replicas or kept apart, whichever the model prices higher. `profiles` limited to the
+    controller's launch profile: the most its knobs and routing could make of it."""
+    return best_of(shared_bound(concurrency, mix, tenants, profiles, replicas, gpu, model, truth),
+                   apart_bound(concurrency, mix, tenants, profiles, replicas, gpu, model, truth))
 
 
 def best_of(shared: BoundChoice, apart: BoundChoice | None) -> BoundChoice:
@@ -187,9 +222,10 @@ def best_of(shared: BoundChoice, apart: BoundChoice | None) -> BoundChoice:
 
 
 def static_price(profile: str, concurrency: int, mix: dict[str, float], tenants: dict[str, TenantSpec],
-                 replicas: int = 2, gpu: str = "h200", model: str = "qwen3-8b") -> float:
+                 replicas: int = 2, gpu: str = "h200", model: str = "qwen3-8b", truth: Truth = AS_MODELLED) -> float:
     """This model's price of a static profile (every tenant drafting the whole block): the yardstick
     for how optimistic the bound is (simulated static / this)."""
     mix = _normalised(mix)
     block = parse_profile(profile).block_size
-    return replicas * replica_rate(profile, mix, {t: block for t in mix}, tenants, concurrency / replicas, gpu, model)
+    return replicas * replica_rate(profile, mix, {t: block for t in mix}, tenants, concurrency / replicas, gpu, model,
+                                   truth)

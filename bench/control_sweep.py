@@ -13,7 +13,9 @@ One run compares, on simulated H200 + Qwen3-8B replicas (drafters.sim):
 * two references on the trace: `best-static-per-phase` (hindsight: the best
   static profile of each phase, switched for free) and the model's upper
   bound per phase (bench/control_bound.py: the best per-replica profile x
-  per-tenant cap x tenant placement, priced with the simulator's own truth);
+  per-tenant cap x tenant placement, priced with the simulator's own truth),
+  and the same bound limited to the controller's launch profile (what its knobs
+  and placement could make of it without a restart), under each truth it can price;
 * with `--sensitivity`, the trace again on simulated truths the controller's
   model does not share (`DSPARK_PERTURBATIONS`: the drafter's pass x0.5 / x2, K=0
   steps that still pay the drafter, a steep DFlash-like acceptance decay, a
@@ -100,7 +102,7 @@ from drafters.sim import (  # noqa: E402
     Simulation,
     TenantSpec,
 )
-from bench.control_bound import apart_bound, best_of, phase_bound, shared_bound, static_price  # noqa: E402
+from bench.control_bound import Truth, apart_bound, best_of, phase_bound, shared_bound, static_price  # noqa: E402
 from gateway.policy_watch import PolicyView  # noqa: E402
 from gateway.replicas import ReplicaState  # noqa: E402
 from gateway.routing import RouteRequest, rank_replicas  # noqa: E402
@@ -547,6 +549,30 @@ def run_sweep(args, settings: Settings, policies: list[str], concurrencies: list
     summary.append(f"TARGET controller >= 0.98x best static at every sweep point: {'MET' if sweep_ok else 'MISSED'}")
 
 
+def launch_bound(phases: list[Phase], kind: Fleet, truth: dict, ctrl: Result, best: Result) -> dict[str, float]:
+    """What the controller's knobs and routing could make of its launch profile under `truth`
+    (bench/control_bound.py limited to `kind.controller_start`; {} where the bound cannot
+    price the truth), printed per phase: `vs_launch_bound`, the controller's share of it, and
+    `launch_bound_vs_best`, it over the best single static's price (both the model's). Why: a
+    row below its target with the second near 1 is the controller's to close; with the second
+    below the target, no knob policy on that launch profile reaches it without a restart."""
+    priced = Truth.of(truth)
+    if priced is None:
+        return {}
+    d = phases[0].duration_s
+    rates = [phase_bound(p.concurrency, p.mix, TENANTS, [kind.controller_start], REPLICAS, GPU, MODEL, priced).rate_tok_s
+             for p in phases]
+    best_price = [static_price(best.policy, p.concurrency, p.mix, TENANTS, REPLICAS, GPU, MODEL, priced) for p in phases]
+    total = sum(rates)
+    out = {"vs_launch_bound": sum(ctrl.phase_tokens) / d / max(total, 1e-9),
+           "launch_bound_vs_best": total / max(sum(best_price), 1e-9)}
+    print(f"  {kind.controller_start}'s bound, knobs and placement only (model, this truth), per phase: "
+          + " ".join(f"{r:.0f}" for r in rates)
+          + "; controller / it: " + " ".join(f"{c / d / max(r, 1e-9):.3f}" for c, r in zip(ctrl.phase_tokens, rates))
+          + f" (trace {out['vs_launch_bound']:.3f}); it / {best.policy}'s price {out['launch_bound_vs_best']:.3f}")
+    return out
+
+
 def run_trace(args, settings: Settings, policies: list[str], phases: list[Phase], truth: dict,
               label: str) -> dict[str, float]:
     """One trace run of every policy; prints its tables and returns the headline ratios."""
@@ -566,6 +592,7 @@ def run_trace(args, settings: Settings, policies: list[str], phases: list[Phase]
         "vs_k_table": ctrl.throughput / ktab.throughput,
         "vs_static_per_phase": sum(ctrl.phase_tokens) / max(per_phase.tokens, 1),
     }
+    out.update(launch_bound(phases, kind, truth, ctrl, best))
     if truth:
         return out
     print("\n  per phase, tokens/s of finished requests (* = best static of the phase), and the model's upper "
@@ -693,9 +720,12 @@ def main() -> None:
             chosen = {n: t for n, t in kind.perturbations.items() if not wanted or any(w in n for w in wanted)}
             results = {"as modelled": r, **{name: run_trace(args, settings, policies, phases, truth, name)
                                             for name, truth in chosen.items()}}
-            print(f"\n  {'truth':<44} {'ctrl/best static':>17} {'ctrl/tuned K':>13}")
+            print(f"\n  {'truth':<44} {'ctrl/best static':>17} {'ctrl/tuned K':>13} {'ctrl/launch bound':>18} "
+                  f"{'launch bound/best static':>25}")
             for name, res in results.items():
-                print(f"  {name:<44} {res['vs_best_static']:17.3f} {res['vs_k_table']:13.3f}")
+                bound_cells = (f"{res['vs_launch_bound']:18.3f} {res['launch_bound_vs_best']:25.3f}"
+                               if "vs_launch_bound" in res else f"{'--':>18} {'--':>25}")
+                print(f"  {name:<44} {res['vs_best_static']:17.3f} {res['vs_k_table']:13.3f} {bound_cells}")
             worst = min(res["vs_best_static"] for res in results.values())
             summary.append(f"TARGET never below 0.95x best static under any perturbation: "
                            f"{'MET' if worst >= 0.95 else 'MISSED'} (worst {worst:.3f})")
