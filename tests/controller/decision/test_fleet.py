@@ -34,6 +34,24 @@ def test_plan_recommends_a_drafter_for_an_idle_off_fleet_and_off_for_a_saturated
     assert fleet_plan([], {"*": 0}, model(), CFG) == (None, 1.0)
 
 
+def test_a_tie_between_a_profile_and_its_adaptive_twin_goes_to_adaptive_verification():
+    """The model prices adaptive verification as one verify limit for the batch, which the
+    tenants' caps already give, so dspark-b4 and dspark-b4-av price the same; the engine's
+    adaptive verification also adapts per step and per request, which the model cannot price."""
+    cfg = DecisionConfig(drafter=DrafterSettings(method="dspark", speculative_tokens=16),
+                         plan_configured_profiles_only=True)
+    idle = [replica(8, {"code": 1.0}, profile="off", block=0, name=f"p{i}") for i in range(2)]
+    plain = fleet_plan(idle, {"code": 0, "*": 0}, model(), cfg, frozenset({"off", "dspark-b4"}))
+    both = fleet_plan(idle, {"code": 0, "*": 0}, model(), cfg, frozenset({"off", "dspark-b4", "dspark-b4-av"}))
+    assert plain[0] == "dspark-b4" and plain[1] > 1.0
+    assert both == ("dspark-b4-av", pytest.approx(plain[1], rel=1e-9))
+    # A strictly better profile is not given up for a twin's tie: b8 beside b4's pair stays b8's if it wins.
+    wider = fleet_plan(idle, {"code": 0, "*": 0}, model(), cfg,
+                       frozenset({"off", "dspark-b4", "dspark-b4-av", "dspark-b8"}))
+    b8 = fleet_plan(idle, {"code": 0, "*": 0}, model(), cfg, frozenset({"off", "dspark-b8"}))
+    assert wider[0] == ("dspark-b8" if b8[1] > plain[1] * (1 + 1e-9) else "dspark-b4-av")
+
+
 def test_plan_ignores_the_off_pool_routing():
     reps = fleet(8, {"code": 1.0})
     choice = {"code": 16, "*": 16}
