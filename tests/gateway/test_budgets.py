@@ -48,7 +48,7 @@ def test_token_budget_reserves_estimate_then_settles_actual(start_backend, start
     backend = start_backend()
     # Each request reserves len("hi")//4 + 1 + max_tokens = 41 tokens; the
     # replica stops after 4 tokens, so actual usage is 1 prompt + 4 = 5.
-    # A store call past `budget_store_timeout_s` (0.5 s by default; reached once in CI on a loaded
+    # A store call past `budget_store_timeout_s` (0.5 s by default; reached once in a full run on a loaded
     # machine) is an outage by design: the request is then admitted locally and reconciled at its
     # estimate, while the timed-out reservation may have landed in Redis as well. This test is
     # about settlement; outages are test_budget_store_outage.py's.
