@@ -34,7 +34,7 @@ divided by its own price here (printed beside the bound) shows how much.
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from functools import lru_cache
 
 from contract.profiles import parse_profile
@@ -65,7 +65,7 @@ class Truth:
         """The truth of a perturbation, None where it changes something else as well
         (acceptance, adaptive verification's tables, proposal rates: not priced here)."""
         perturbation = perturbation or {}
-        if set(perturbation) - {"k0_pays_drafter", "drafter_cost_scale"}:
+        if set(perturbation) - {f.name for f in fields(cls)}:
             return None
         return cls(**perturbation)
 
