@@ -40,7 +40,7 @@ def served_tenants(settings: Any) -> list[str]:
 # The fields that decide what a tenant's requests get (`SpeculationPolicy.behaviour`).
 BEHAVIOUR_FIELDS = (
     "enabled", "preferred_profile", "max_draft", "min_confidence", "max_batch", "schedule", "drafter", "canary",
-    "capture", "probe",
+    "capture", "probe", "placement",
 )
 # What makes a published policy a change: its behaviour, or who set it (an admin pin
 # replacing an identical controller choice must show as `admin`); the reason is bookkeeping.
@@ -139,6 +139,12 @@ class SpeculationPolicy(BaseModel):
     drafter: str | None = Field(
         default=None,
         description="the tenant's own drafter (ReplicaConfig.drafter): prefer the replicas serving it; None = the fleet's drafter",
+    )
+    placement: tuple[str, ...] | None = Field(
+        default=None,
+        description="replica names this tenant's requests prefer: the controller's placement of tenants apart, "
+                    "where sharing engine steps costs more than balance gains (a preference after drafter and "
+                    "profile fit; any other replica serves when these are down); None = no placement",
     )
     canary: CanarySpec | None = Field(default=None, description="a candidate drafter under test on a share of the traffic")
     capture: CaptureSpec | None = Field(default=None, description="opt-in: mirror a sample of requests for drafter training")

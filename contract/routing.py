@@ -19,7 +19,11 @@ Two questions, each answered once:
   controller sets to the smallest block that drafts its cap
   (`profile_for_cap`). A replica of that profile is tier 0, a replica that
   can be told not to draft per request (or an unlabelled one) tier 1, a
-  mismatching pool tier 2.
+  mismatching pool tier 2;
+* which replicas its placement prefers (`placement_tier`): the controller
+  may place tenants apart (`SpeculationPolicy.placement`, a list of replica
+  names), which ranks below drafter and profile fit and never excludes a
+  replica.
 """
 
 from __future__ import annotations
@@ -32,8 +36,8 @@ from .profiles import OFF
 
 _OFF = OFF.label  # "off": the pool of replicas that do not speculate
 
-__all__ = ["FLEET_ONLY", "canary_arm", "drafter_order", "drafter_tier", "profile_for_cap", "speculation_tier",
-           "wanted_profile"]
+__all__ = ["FLEET_ONLY", "canary_arm", "drafter_order", "drafter_tier", "placement_tier", "profile_for_cap",
+           "speculation_tier", "wanted_profile"]
 
 
 class Steering(Protocol):
@@ -73,6 +77,20 @@ def speculation_tier(replica: Routable, policy: Steering) -> int:
     if replica.profile is None:
         return 1  # unlabelled: unknown fit
     return 2
+
+
+class Placed(Protocol):
+    """What placement reads of a policy."""
+
+    placement: tuple[str, ...] | None
+
+
+def placement_tier(name: str, policy: Placed) -> int:
+    """0: the replica called `name` is one the policy's placement names, or
+    the policy has none; 1: placed elsewhere (still eligible: a placement is
+    a preference, so a request fails over to the other replicas)."""
+    placement = policy.placement
+    return 0 if placement is None or name in placement else 1
 
 
 def profile_for_cap(k: int, speculative: Iterable[tuple[int, str]]) -> str | None:

@@ -381,6 +381,22 @@ class DecisionSettings(_Strict):
         "past it where it gains retune_margin where it acts now, or strong_margin at any one batch)",
     )
 
+    placement: bool = Field(
+        default=False,
+        description="place tenants apart on the speculative replicas (SpeculationPolicy.placement) where the model "
+        "prices one group per set of replicas above the tenants sharing every step; off by default: in simulation "
+        "the model priced placements the simulator did not reward (docs/controller.md, Tenants placed apart)",
+    )
+    placement_margin: float = Field(
+        default=0.05, ge=0,
+        description="predicted fleet gain a placement (tenants apart, or back together) needs over the one in force",
+    )
+    placement_dwell_s: float = Field(
+        default=60.0, ge=0,
+        description="seconds a placement stays before another replaces it (a placement whose replicas are gone "
+        "ends at once)",
+    )
+
     @field_validator("schedule_grid")
     @classmethod
     def _grid_fits_a_schedule(cls, grid: tuple[int, ...] | None) -> tuple[int, ...] | None:

@@ -17,7 +17,7 @@ from contract.telemetry import TelemetryCounters
 from contract.vllm_metrics import VllmMetricsSnapshot
 
 from .costs import ReplicaCost
-from .decision import FULL, Carried, Decision, DecisionConfig, TenantState, decide
+from .decision import FULL, Carried, Decision, DecisionConfig, Placement, TenantState, decide
 from .decision.probe import drafts
 from .decision.views import method_of
 from .estimators import ReplicaEstimator, TenantEstimator, cap_reach_steps, capped_request_steps, replica_views
@@ -43,6 +43,7 @@ class ControlCore:
         self.telemetry_tracker = TelemetryDeltaTracker()
         self.tpot_targets = dict(tpot_targets or {})
         self.state: dict[str, TenantState] = {}
+        self.placement = Placement()  # tenants placed apart, as the last committed decision left it
         self._costs: dict[str, ReplicaCost] = {}
 
     # -- inputs ---------------------------------------------------------
@@ -108,6 +109,7 @@ class ControlCore:
         for tenant, p in policies.items():
             k = 0 if not p.enabled else (p.max_draft if p.max_draft is not None else FULL)
             self.state[tenant] = TenantState(k=k, theta=p.min_confidence, since=now, policy=p)
+        self.placement = Placement.from_policies(policies, now)
         self.replica_tracker = ReplicaDeltaTracker()
         self.telemetry_tracker = TelemetryDeltaTracker()
 
@@ -128,10 +130,12 @@ class ControlCore:
             now,
             self.decision_config,
             carried,
+            self.placement,
         )
 
     def commit(self, decision: Decision) -> None:
         self.state = decision.state
+        self.placement = decision.placement
 
     def traffic(self) -> dict[str, float]:
         return {t: s.completion for t, s in self.tenants.sums.items()}

@@ -19,7 +19,10 @@ functions); the ranking, in priority order:
    policy wants (`preferred_profile`, or `off` when speculation is disabled);
    1 = neutral (no preference, or a knob-capable replica that can be told
    `specgate_max_draft=0` per request); 2 = a mismatching pool;
-4. within the best tiers: least load (gateway in-flight + replica gauges), or,
+4. placement (`placement_tier`): 0 = a replica the policy's `placement`
+   names (the controller places tenants apart where sharing steps costs more
+   than balance gains), or the policy names none; 1 = placed elsewhere;
+5. within the best tiers: least load (gateway in-flight + replica gauges), or,
    with affinity modes, a rendezvous hash of the session/prefix key so the
    same conversation lands on the same replica (prefix-cache reuse) unless
    that replica is `affinity_slack` requests busier than the least loaded one.
@@ -31,7 +34,7 @@ import hashlib
 from typing import NamedTuple, Protocol, Sequence
 
 from contract.policy import SpeculationPolicy
-from contract.routing import FLEET_ONLY, canary_arm, drafter_order, drafter_tier, speculation_tier
+from contract.routing import FLEET_ONLY, canary_arm, drafter_order, drafter_tier, placement_tier, speculation_tier
 
 AFFINITY_SLACK = 8.0
 
@@ -75,7 +78,7 @@ def rank_replicas(
         order = FLEET_ONLY  # what drafter_order gives such a policy, without the calls (every request of most tenants)
     else:
         order = drafter_order(policy, canary_arm(policy, request.arm_key))
-    tiers: dict[int, tuple[int, int]] = {}
+    tiers: dict[int, tuple[int, int, int]] = {}
     eligible = []
     for i, r in enumerate(replicas):
         if not (r.healthy and r.serves(request.model) and (allowed is None or allowed[i])):
@@ -83,7 +86,7 @@ def rank_replicas(
         d = drafter_tier(r, order)
         if d is None:
             continue
-        tiers[id(r)] = (d, speculation_tier(r, policy))
+        tiers[id(r)] = (d, speculation_tier(r, policy), placement_tier(r.name, policy))
         eligible.append(r)
     if len(eligible) < 2:
         return eligible

@@ -109,7 +109,8 @@ def render_configuration_doc() -> str:
         "| `tenants[].speculation` | config default speculation policy (`enabled`, `preferred_profile`, `max_draft`, "
         "`min_confidence`, `max_batch`, `schedule`: `[[max_batch, max_draft], ...]` with max_batch rising, the draft "
         "length per engine-step batch size, e.g. `[[4, 8], [32, 2]]` = up to 8 tokens in steps of at most 4 requests, "
-        "2 up to 32, none above; `drafter`, `capture`); the controller's published policy overrides it |",
+        "2 up to 32, none above; `drafter`, `capture`; `placement`: replica names its requests prefer); the "
+        "controller's published policy overrides it |",
         "",
     ]
     return "\n".join(lines)

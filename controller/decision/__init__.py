@@ -19,6 +19,8 @@ same code.
 - `schedule`: each drafting tenant's batch -> draft-length schedule, the
   caps of all tenants extended jointly to other batch sizes (the engine
   applies it every step);
+- `apart`: which replicas the heaviest tenants prefer, where the model prices
+  them apart above sharing every step (routing's placement);
 - `assembly`: the published policy (routing, admin overrides, the carried
   drafter / canary / capture opt-in), reason, record;
 - `rollout`: the canary rule (promote / roll back / wait), used by
@@ -33,7 +35,7 @@ from typing import Mapping
 from contract.knobs import Schedule, schedule_cap
 from contract.overrides import TenantOverride
 
-from . import assembly, hysteresis
+from . import apart, assembly, hysteresis
 from .config import DecisionConfig
 from .context import FleetContext, fleet_context
 from .fleet import (
@@ -71,6 +73,7 @@ from .views import (
     Decision,
     DecisionRecord,
     MeasuredGain,
+    Placement,
     ReplicaInput,
     ReplicaRegime,
     TenantState,
@@ -89,14 +92,17 @@ def decide(
     now: float,
     cfg: DecisionConfig = DEFAULT_CONFIG,
     carried: "Mapping[str, Carried] | None" = None,
+    placement: Placement | None = None,
 ) -> Decision:
     """`carried`: per tenant, the drafter, canary and capture opt-in its policy
-    carries unchanged (`assembly.carry`); absent = none."""
+    carries unchanged (`assembly.carry`); absent = none. `placement`: the
+    last tick's `Decision.placement` (absent: every tenant together)."""
     carried = carried or {}
     ctx = fleet_context(replicas, tenants, state, cfg)
     model = ctx.goodput_model()
     opt = Optimizer(ctx, model, overrides, cfg)
     plan = opt.propose()
+    placed = apart.step(placement or Placement(), ctx, overrides, cfg, now)
     rho = operating_rho(ctx, model, plan.proposal)
     thresholds = LoadThresholds(model, cfg)
 
@@ -166,6 +172,7 @@ def decide(
         policy = assembly.tenant_policy(ctx, verdict, proposal, ov, theta, max_batch, tenant_rho,
                                         priced or view.acceptance, schedule)  # fmt: skip
         policy = assembly.carry(policy, carried.get(t), prev.policy)
+        policy = assembly.place(policy, placed.of(t), apart.note(placed, t))
         policy = policy.model_copy(update={"probe": tenant_probe(ctx, model, t, policy, prev.policy, cfg, ov)})
         changed = hysteresis.policy_changed(prev, policy)
         new_state[t] = hysteresis.remember(prev, verdict, policy, theta, theta_ema, changed, now)
@@ -176,12 +183,12 @@ def decide(
         records.append(assembly.record(now, changed, policy, verdict, proposal, view, theta, theta_star, tenant_rho, tpot,
                                        predicted, gain, elsewhere[-1] if elsewhere else None))  # fmt: skip
 
-    return Decision(policies, new_state, records, replica_regimes(ctx, model, new_state, cfg))
+    return Decision(policies, new_state, records, replica_regimes(ctx, model, new_state, cfg), placed)
 
 
 __all__ = [
     "FULL", "Carried", "MeasuredGain", "plan_profiles", "CostFn", "Decision", "DecisionConfig", "DecisionRecord", "FleetContext", "GoodputModel",
-    "LoadThresholds", "Optimizer", "Plan", "ReplicaEval", "ReplicaInput", "ReplicaRegime", "TenantProposal",
+    "LoadThresholds", "Optimizer", "Placement", "Plan", "ReplicaEval", "ReplicaInput", "ReplicaRegime", "TenantProposal",
     "TenantState", "TenantView", "cap_label", "confidence_floor", "decide", "downtime_loss", "effective_cap",
     "fleet_context", "fleet_plan", "marginal_theta", "operating_rho", "regime_label", "replica_load", "run_batch",
     "restart_targets", "servable_profiles", "spec_max_batch", "tenant_schedules",

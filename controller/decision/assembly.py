@@ -113,6 +113,15 @@ def tenant_policy(
     return policy.model_copy(update={"reason": "; ".join(bits), "source": source})
 
 
+def place(policy: SpeculationPolicy, replicas: tuple[str, ...] | None, why: str) -> SpeculationPolicy:
+    """`policy` with the tenant's placement (`decision/apart.py`; None: not
+    placed) and, when placed, the reason's clause saying where and why."""
+    if replicas is None:
+        return policy if policy.placement is None else policy.model_copy(update={"placement": None})
+    reason = f"{policy.reason}; {why}" if policy.reason else why
+    return policy.model_copy(update={"placement": replicas, "reason": reason})
+
+
 def _proposal_fields(q: Proposal) -> dict:
     out: dict = {"rate": round(q.rate, 4), "fill": round(q.fill, 4)}
     if q.survival:

@@ -9,7 +9,7 @@ guarantees they all see the same fleet.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from contract.policy import DEFAULT_TENANT
 
@@ -55,13 +55,19 @@ def knees(live: list[ReplicaInput]) -> dict[str, float]:
     return {rep.name: rep.cost.knee_tokens(run_batch(rep), rep.context_tokens) for rep in live}
 
 
-def _homes(view: TenantView, live: list[ReplicaInput]) -> list[ReplicaInput]:
+def homes_of(view: TenantView, live: list[ReplicaInput]) -> list[ReplicaInput]:
     # Where its traffic went plus every speculative replica: the policy
     # itself moves traffic (routing), so having landed on an `off`
     # replica says nothing about where the next request goes.
     t = view.tenant
     chosen = [r for r in live if view.shares.get(r.name, 0) > 0 or t in r.mix or r.block > 0]
     return chosen or live
+
+
+def loaded_as(ctx: FleetContext, live: list[ReplicaInput]) -> FleetContext:
+    """The tick's fleet with its replicas carrying other loads (`live`, the same
+    replicas as `ctx.live` or fewer): what a placement is priced on."""
+    return replace(ctx, live=live, knee=knees(live), homes={t: homes_of(v, live) for t, v in ctx.tenants.items()})
 
 
 def fleet_context(
@@ -93,6 +99,6 @@ def fleet_context(
         current=current,
         thetas={t: (state[t].theta if t in state else None) for t in views},
         knee=knees(live),
-        homes={t: _homes(v, live) for t, v in views.items()},
+        homes={t: homes_of(v, live) for t, v in views.items()},
         profiles=frozenset(r.profile for r in replicas),
     )

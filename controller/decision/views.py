@@ -7,11 +7,14 @@ Inputs: `ReplicaInput` (one replica as the estimators see it this tick),
 `TenantView` (one tenant's acceptance and targets), `TenantState` (what
 hysteresis remembers between ticks). Outputs: `Decision` with its
 `DecisionRecord`s (one per tenant: policy, reason, numbers) and
-`ReplicaRegime`s (one per replica: regime and fleet-plan recommendation).
+`ReplicaRegime`s (one per replica: regime and fleet-plan recommendation),
+and the `Placement` of tenants apart.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -153,6 +156,31 @@ class TenantState:
     provisional: bool = False  # last change rested on thin evidence: dwell does not protect it
 
 
+Groups = tuple[tuple[str, tuple[str, ...]], ...]  # (tenant, its replicas' names), sorted; () = together
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Tenants placed apart (`decision/apart.py`): the placement in force and
+    the hysteresis' memory of its challenger; the next tick starts from it."""
+
+    groups: Groups = ()
+    since: float = -math.inf
+    gain: float = 0.0  # predicted fleet gain over every tenant together, at the last tick
+    pending: Groups | None = None  # the candidate that beat the one in force on the last ticks
+    pending_count: int = 0
+
+    def of(self, tenant: str) -> tuple[str, ...] | None:
+        """The replicas `tenant`'s requests prefer (None: not placed)."""
+        return dict(self.groups).get(tenant)
+
+    @classmethod
+    def from_policies(cls, policies: Mapping[str, SpeculationPolicy], now: float) -> "Placement":
+        """The placement published policies carry (a controller taking over adopts it)."""
+        groups = tuple(sorted((t, tuple(p.placement)) for t, p in policies.items() if p.placement))
+        return cls(groups, since=now if groups else -math.inf)
+
+
 @dataclass(frozen=True)
 class DecisionRecord:
     tenant: str
@@ -187,6 +215,7 @@ class Decision:
     state: dict[str, TenantState]
     records: list[DecisionRecord]
     replicas: dict[str, ReplicaRegime]
+    placement: Placement = field(default_factory=Placement)  # tenants placed apart (decision/apart.py)
 
     @property
     def changes(self) -> list[DecisionRecord]:

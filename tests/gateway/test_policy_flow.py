@@ -70,6 +70,24 @@ async def test_disabled_policy_routes_to_off_pool_and_updates_live(start_backend
     assert (await post(gw, key="beta")).headers["x-specgate-replica"] == "spec"
 
 
+async def test_placed_tenants_go_to_their_replicas_and_fail_over_when_those_are_down(start_backend, start_gateway, redis_store):
+    r0 = await asyncio.to_thread(start_backend, name="r0", spec=True, knobs=True)
+    r1 = await asyncio.to_thread(start_backend, name="r1", spec=True, knobs=True)
+    gw = await asyncio.to_thread(start_gateway, [{"url": r0.url, "name": "r0", "profile": "dspark-b8"},
+                                                 {"url": r1.url, "name": "r1", "profile": "dspark-b8"}])
+    v = await publish_policies(redis_store, {"alpha": SpeculationPolicy(placement=("r1",), source="controller"),
+                                             "beta": SpeculationPolicy(placement=("r0",), source="controller")})
+    await wait_version(gw, v.version)
+    # Load ties would send both to r0 (by name): each tenant's placement wins.
+    for _ in range(3):
+        assert (await post(gw)).headers["x-specgate-replica"] == "r1"
+        assert (await post(gw, key="beta")).headers["x-specgate-replica"] == "r0"
+    # A placement is a preference: with r1 gone, alpha is served by r0.
+    await asyncio.to_thread(r1.stop)
+    response = await post(gw)
+    assert response.status_code == 200 and response.headers["x-specgate-replica"] == "r0"
+
+
 async def test_config_default_policy_applies_until_controller_publishes(start_backend, start_gateway, redis_store):
     knob = await asyncio.to_thread(start_backend, name="knob", knobs=True)
     tenants = [tenant("alpha", speculation={"max_draft": 3, "source": "config"}), tenant("beta")]

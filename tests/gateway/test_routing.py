@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from contract.policy import CanarySpec, SpeculationPolicy
-from contract.routing import FLEET_ONLY, canary_arm, drafter_order, speculation_tier
+from contract.routing import FLEET_ONLY, canary_arm, drafter_order, placement_tier, speculation_tier
 from gateway.routing import RouteRequest, affinity_key, rank_replicas
 
 
@@ -61,6 +61,25 @@ def test_preferred_profile_wins_over_load_and_falls_back():
     assert names(rank_replicas(rs, REQ, policy)) == ["b8", "b16"]
     rs[0].healthy = False
     assert names(rank_replicas(rs, REQ, policy)) == ["b16"]
+
+
+def test_placement_wins_over_load_after_profile_fit_and_fails_over():
+    rs = [R("r0", profile="dspark-b8", load=0), R("r1", profile="dspark-b8", load=7),
+          R("r2", profile="dspark-b16", load=0)]
+    placed = SpeculationPolicy(placement=("r1",))
+    assert placement_tier("r1", placed) == 0 and placement_tier("r0", placed) == 1
+    assert placement_tier("r0", DEFAULT) == 0  # no placement: every replica fits
+    assert names(rank_replicas(rs, REQ, placed)) == ["r1", "r0", "r2"]
+    # Profile fit ranks first: a placement never pulls a request onto a mismatching pool.
+    both = SpeculationPolicy(preferred_profile="dspark-b16", placement=("r1",))
+    assert names(rank_replicas(rs, REQ, both)) == ["r2", "r1", "r0"]
+    # A preference, not a filter: with the placed replica down the others serve.
+    rs[1].healthy = False
+    assert names(rank_replicas(rs, REQ, placed)) == ["r0", "r2"]
+    # Affinity keeps to the placed replicas while they are within the slack.
+    rs[1].healthy = True
+    for i in range(8):
+        assert rank_replicas(rs, RouteRequest("m", "t", f"s{i}"), placed)[0].name == "r1"
 
 
 def test_no_preference_is_pure_least_load():
