@@ -22,6 +22,10 @@ One invocation:
     `controller.decision.schedule_grid: null` -- one cap per tenant and a load
     threshold, no per-step schedules -- so the schedules' share of the
     controller's result is measured in the same invocation;
+  - `controller-placed` (with `--ablate-placement`): the same with
+    `controller.decision.placement: true` -- tenants placed apart on the two
+    replicas where the model prices it (off by default) -- reported as
+    controller / it per phase;
   - `always-on`: controller off, no knobs: stock ngram K=8;
   - `always-off`: controller off, both tenants `speculation: {enabled: false}`,
     i.e. every request capped at `specgate_max_draft=0` (steps run at K=0);
@@ -98,7 +102,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository: 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import real_sweep_report as report  # noqa: E402
-from real_sweep_report import CONTROLLERS, NO_SCHEDULE  # noqa: E402
+from real_sweep_report import ABLATIONS, CONTROLLERS, NO_SCHEDULE, PLACED  # noqa: E402
 from real_sweep_load import run_trace  # noqa: E402
 from real_sweep_stack import (  # noqa: E402
     BINDS,
@@ -187,7 +191,7 @@ def build_plan(args: argparse.Namespace, phases: list[Phase], grid_phases: list[
         steps += [Step("grid", f"k-table B<={b}", 0, tuple(grid_phases), b) for b in args.grid]
     only_b = args.grid[0] if len(args.grid) == 1 else None
     reps = range(1, args.reps + 1)
-    controllers = ["controller", NO_SCHEDULE] if args.ablate_schedules else ["controller"]
+    controllers = ["controller"] + [NO_SCHEDULE] * args.ablate_schedules + [PLACED] * args.ablate_placement
     if args.k_table_mode == "vllm":
         others = [*controllers, "always-on", "always-off"]
         steps.append(Step("main", "k-table", 1, tuple(phases), only_b))
@@ -381,7 +385,7 @@ def run_plan(plan: list[Step], args: argparse.Namespace, log_dir: Path, out: Pat
             config = gateway_config(
                 pair.urls, replica_profile(args.replica_profile, launch), tenant_speculation(step, args.k_table_mode, table_b),
                 redis.url, redis.prefix(run_name), args.tick,
-                decision={"schedule_grid": None} if step.policy == NO_SCHEDULE else None,
+                decision=ABLATIONS.get(step.policy),
             )  # fmt: skip
             gateway = Gateway(config, log_dir, run_name, controller=step.policy in CONTROLLERS, nice=args.nice).start()
             set_nice(0, args.nice)  # the load client too, for the trace only: replicas booted later inherit 0
@@ -445,6 +449,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--ablate-schedules", action="store_true",
                     help=f"also run `{NO_SCHEDULE}` (controller.decision.schedule_grid: null, one cap per tenant) "
                          "interleaved with the others, and report controller / it per phase")
+    ap.add_argument("--ablate-placement", action="store_true",
+                    help=f"also run `{PLACED}` (controller.decision.placement: true, tenants placed apart where the "
+                         "model prices it) interleaved with the others, and report controller / it per phase")
     ap.add_argument("--nice", type=int, default=-5,
                     help="priority of the front ends: the gateway, the load client (during traces) and each vLLM server's "
                          "API-server and engine-core processes; the model workers stay at 0. 0 = all at 0")  # fmt: skip

@@ -41,7 +41,10 @@ from testbed.stats import percentile
 
 STATIC = ("always-on", "always-off", "k-table")
 NO_SCHEDULE = "controller-no-schedule"  # the controller with controller.decision.schedule_grid: null
-CONTROLLERS = ("controller", NO_SCHEDULE)
+PLACED = "controller-placed"  # the controller with controller.decision.placement: true
+# Ablations: the controller with one decision setting changed, run beside it (`--ablate-*`).
+ABLATIONS = {NO_SCHEDULE: {"schedule_grid": None}, PLACED: {"placement": True}}
+CONTROLLERS = ("controller", *ABLATIONS)
 MAIN = (*CONTROLLERS, *STATIC)
 COST_THRESHOLD = 0.03  # the issue's "costs the tenant more than 3%"
 
@@ -263,13 +266,14 @@ def summarize(runs: list[dict], phases: list[str], tick_s: float) -> dict:
                 geo.append(vs_best["median"])
         entry["geomean_vs_best_static"] = geomean(geo) if len(geo) == len(phases) else None
         summary["policies"][policy] = entry
-    if "controller" in summary["policies"] and runs_of(runs, NO_SCHEDULE):
-        plain_ctl = {r["rep"]: r for r in runs_of(runs, NO_SCHEDULE)}
-        summary["policies"]["controller"]["vs_no_schedule"] = {
-            phase: ratio_to(runs, "controller", phase,
-                            lambda rep, ph=phase: phase_value(plain_ctl[rep], ph) if rep in plain_ctl else None)
-            for phase in phases
-        }  # fmt: skip
+    for ablation in ABLATIONS:
+        if "controller" in summary["policies"] and runs_of(runs, ablation):
+            other = {r["rep"]: r for r in runs_of(runs, ablation)}
+            summary["policies"]["controller"][f"vs_{ablation}"] = {
+                phase: ratio_to(runs, "controller", phase,
+                                lambda rep, ph=phase, o=other: phase_value(o[rep], ph) if rep in o else None)
+                for phase in phases
+            }  # fmt: skip
     summary["acceptance"] = acceptance(runs, phases)
     summary["tenant_gain"] = tenant_gain(runs, phases)
     summary["controller"] = controller_behaviour(runs, phases, tick_s, summary["tenant_gain"])
@@ -479,9 +483,10 @@ def report_throughput(summary: dict) -> str:
     ctl = summary["policies"].get("controller")
     if ctl:
         out += ["", "controller / k-table per phase: " + ", ".join(f"{p} {fmt(ctl['phases'][p]['vs_k_table'], 3)}" for p in phases)]
-        if ctl.get("vs_no_schedule"):
-            out.append(f"controller / {NO_SCHEDULE} per phase (paired by repetition): "
-                       + ", ".join(f"{p} {fmt(ctl['vs_no_schedule'][p], 3)}" for p in phases))
+        for ablation in ABLATIONS:
+            if ctl.get(f"vs_{ablation}"):
+                out.append(f"controller / {ablation} per phase (paired by repetition): "
+                           + ", ".join(f"{p} {fmt(ctl[f'vs_{ablation}'][p], 3)}" for p in phases))
     return "\n".join(out)
 
 
