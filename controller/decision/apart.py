@@ -13,9 +13,9 @@ can, at the price of balance.
 
 How: the goodput model prices each candidate placement with the caps the
 optimizer chooses on it (`Optimizer.propose` over the replicas as the
-placement loads them, `placement.move_tenant`: a group's replicas take its
-tenants' whole load, so an unequal split runs one replica at a larger batch;
-the clients' concurrency is held fixed, as everywhere in the model). The
+placement loads them, `placed_fleet`: a group's replicas take its tenants'
+whole load, so an unequal split runs one replica at a larger batch; each
+tenant keeps the requests it holds, the clients' concurrency). The
 candidates: every tenant together (no placement), and every split of the
 placed tenants into two groups, each group on a share of the replicas in
 proportion to its load (at least one each).
@@ -47,6 +47,7 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from itertools import combinations
+from typing import NamedTuple
 
 from contract.overrides import TenantOverride
 
@@ -104,18 +105,20 @@ def candidates(names: Sequence[str], tenants: Sequence[str], load: Mapping[str, 
     return out
 
 
-def placed_fleet(ctx: FleetContext, model: GoodputModel, groups: Groups, names: Sequence[str]) -> list[ReplicaInput]:
-    """The live replicas with every tenant's load where `groups` sends it
-    (a tenant not placed: spread over every replica, as least load does).
+class TenantLoads(NamedTuple):
+    """What each tenant holds on the live replicas this tick, wherever it runs:
+    running and waiting requests, and token mass (what a placement moves)."""
 
-    Each tenant keeps the requests it holds now: the clients' concurrency is
-    what a placement does not move. A replica's batch is split between its
-    tenants as the model splits it at the caps in force (`batch_shares`: a
-    tenant emitting fewer tokens per step holds more of the slots), and each
-    replica's mix is the token mass of the tenants it gets, which the model
-    splits again at whatever caps it prices. (Moving the token shares as if
-    they were requests priced a greedy tenant apart from a sampling one at
-    up to 2x: the greedy tenant's few slots became half the fleet's.)"""
+    requests: dict[str, float]
+    waiting: dict[str, float]
+    tokens: dict[str, float]
+
+
+def tenant_loads(ctx: FleetContext, model: GoodputModel) -> TenantLoads:
+    """Each tenant's requests, as the model splits every replica's batch between
+    its tenants at the caps in force (`batch_shares`: a tenant emitting fewer
+    tokens per step holds more of the slots), and its token mass. Computed once
+    a tick: every candidate placement moves the same loads."""
     requests: dict[str, float] = defaultdict(float)
     waiting: dict[str, float] = defaultdict(float)
     tokens: dict[str, float] = defaultdict(float)
@@ -128,18 +131,31 @@ def placed_fleet(ctx: FleetContext, model: GoodputModel, groups: Groups, names: 
             requests[t] += rep.batch * shares.get(t, 0.0)
             waiting[t] += rep.waiting * shares.get(t, 0.0)
             tokens[t] += (rep.batch + rep.waiting) * m / total
+    return TenantLoads(dict(requests), dict(waiting), dict(tokens))
+
+
+def placed_fleet(live: Sequence[ReplicaInput], loads: TenantLoads, groups: Groups, names: Sequence[str]) -> list[ReplicaInput]:
+    """The live replicas with every tenant's load where `groups` sends it
+    (a tenant not placed: spread over every replica, as least load does).
+
+    Each tenant keeps the requests it holds now (`tenant_loads`): the clients'
+    concurrency is what a placement does not move. Each replica's mix is the
+    token mass of the tenants it gets, which the model splits again at
+    whatever caps it prices. (Moving the token shares as if they were requests
+    priced a greedy tenant apart from a sampling one at up to 2x: the greedy
+    tenant's few slots became half the fleet's.)"""
     where = {t: frozenset(reps) for t, reps in groups}
     everywhere = frozenset(names)
     out = []
-    for rep in ctx.live:
+    for rep in live:
         batch = wait = 0.0
         mix: dict[str, float] = {}
-        for t in tokens:
+        for t, mass in loads.tokens.items():
             targets = where.get(t, everywhere)
             if rep.name in targets:
-                batch += requests[t] / len(targets)
-                wait += waiting[t] / len(targets)
-                mix[t] = tokens[t] / len(targets)
+                batch += loads.requests[t] / len(targets)
+                wait += loads.waiting[t] / len(targets)
+                mix[t] = mass / len(targets)
         out.append(replace(rep, batch=batch, waiting=wait, mix={t: m for t, m in mix.items() if m > 0}))
     return out
 
@@ -151,6 +167,13 @@ def price(ctx: FleetContext, overrides: Mapping[str, TenantOverride], cfg: Decis
     opt = Optimizer(placed_ctx, model, overrides, cfg)
     plan = opt.propose()
     return model.total(opt.placed(plan.proposal), plan.proposal)
+
+
+def prices(ctx: FleetContext, overrides: Mapping[str, TenantOverride], cfg: DecisionConfig,
+           placements: Sequence[Groups], names: Sequence[str]) -> dict[Groups, float]:
+    """Each placement's `price`, the tenants' loads moved there from this tick's."""
+    loads = tenant_loads(ctx, ctx.goodput_model())
+    return {g: price(ctx, overrides, cfg, placed_fleet(ctx.live, loads, g, names)) for g in dict.fromkeys(placements)}
 
 
 def step(prev: Placement, ctx: FleetContext, overrides: Mapping[str, TenantOverride], cfg: DecisionConfig,
@@ -165,20 +188,20 @@ def step(prev: Placement, ctx: FleetContext, overrides: Mapping[str, TenantOverr
     if current and (len({reps for _, reps in current}) < 2
                     or any(not live_names.intersection(reps) for _, reps in current)):
         current = ()  # a group lost its replicas, or only one group is left: together, at once
-    model = ctx.goodput_model()
-    prices = {g: price(ctx, overrides, cfg, placed_fleet(ctx, model, g, names))
-              for g in dict.fromkeys([current, *candidates(names, tenants, load)])}
-    together = prices[()]
-    best = max(prices, key=lambda g: (prices[g], g == current, g == ()))
+    priced = prices(ctx, overrides, cfg, [current, *candidates(names, tenants, load)], names)
+
+    def gain(g: Groups) -> float:
+        return priced[g] / priced[()] - 1.0 if priced[()] > 0 else 0.0
+
+    best = max(priced, key=lambda g: (priced[g], g == current, g == ()))
     since = prev.since if current == prev.groups else now
-    gain = prices[current] / together - 1.0 if together > 0 else 0.0
-    held = Placement(current, since, gain)
-    if best == current or prices[best] < prices[current] * (1.0 + cfg.placement_margin):
+    held = Placement(current, since, gain(current))
+    if best == current or priced[best] < priced[current] * (1.0 + cfg.placement_margin):
         return held
     count = prev.pending_count + 1 if prev.pending == best else 1
     if count < cfg.confirm_ticks or now - since < cfg.placement_dwell_s:
         return replace(held, pending=best, pending_count=count)
-    return Placement(best, now, prices[best] / together - 1.0 if together > 0 else 0.0)
+    return Placement(best, now, gain(best))
 
 
 def note(placement: Placement, tenant: str) -> str:

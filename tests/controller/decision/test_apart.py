@@ -6,8 +6,7 @@ from __future__ import annotations
 import pytest
 
 from contract.policy import SpeculationPolicy
-from controller.decision import DecisionConfig, Placement, TenantState, decide
-from controller.decision import apart
+from controller.decision import DecisionConfig, Placement, TenantState, apart, decide
 from controller.decision.goodput import batch_shares
 
 from .common import CODE, POOR, context, replica, tenants
@@ -25,9 +24,7 @@ def pair(batch=16.0, mix=None, healthy=(True, True), **kw):
 def prices(reps, ts, cfg=CFG):
     ctx = context(reps, ts, cfg=cfg)
     names, placed, load = apart.placeable(ctx, cfg)
-    model = ctx.goodput_model()
-    return {g: apart.price(ctx, {}, cfg, apart.placed_fleet(ctx, model, g, names))
-            for g in apart.candidates(names, placed, load)}
+    return apart.prices(ctx, {}, cfg, apart.candidates(names, placed, load), names)
 
 
 def run(reps, ts, ticks, prev=None, start=0.0, cfg=CFG):
@@ -68,10 +65,11 @@ def test_a_placement_keeps_every_tenants_requests():
         return held
 
     before = requests(ctx.live)
+    loads = apart.tenant_loads(ctx, model)
     for groups in ((), APART):
-        after = requests(apart.placed_fleet(ctx, model, groups, ["r0", "r1"]))
+        after = requests(apart.placed_fleet(ctx.live, loads, groups, ["r0", "r1"]))
         assert after == pytest.approx(before)
-    placed = {r.name: r for r in apart.placed_fleet(ctx, model, APART, ["r0", "r1"])}
+    placed = {r.name: r for r in apart.placed_fleet(ctx.live, loads, APART, ["r0", "r1"])}
     assert set(placed["r0"].mix) == {"code"} and set(placed["r1"].mix) == {"poor"}
     # code emits more tokens per step, so it holds fewer of the slots: its replica runs the smaller batch.
     assert placed["r0"].batch < placed["r1"].batch
