@@ -33,7 +33,9 @@ unmetered: `reserve` returns no decision, nothing is settled), or `local`
 what it admitted into the shared window when the store is back, before the
 breaker closes). Leases keep serving from what they hold (it is paid for);
 refills fail fast. Adjustments, refunds and telemetry that cannot reach the
-store wait in memory and go out once it answers again.
+store wait in memory and go out once it answers again. A budget write that
+failed once sent may still have run; the recovery voids it before anything
+is paid again (`budget_writes`).
 
 A store that comes back empty (restarted without persistence) is told apart
 from one that kept its data by a marker, `EPOCH_KEY`: the first instance to
@@ -66,6 +68,7 @@ from contract.store import Store, WindowDecision
 from contract.telemetry import RequestSpecStats, add_increments, record_increments
 
 from .budget_guard import BudgetGuard, StoreDown
+from .budget_writes import UncertainWrites
 from .local_budget import LocalBudget
 from .periodic import Loops, every, log_failure
 
@@ -185,6 +188,7 @@ class Accounting:
         )
         self.guard.on_recover = self._reconcile
         self.local = LocalBudget(window_s)
+        self.writes = UncertainWrites(window_s)
         self._views: dict[str, _View] = {}
         # tenant id -> (the decision its last x-ratelimit headers were built from, those headers)
         self.headers_cache: dict[str, tuple[WindowDecision, list[tuple[bytes, bytes]]]] = {}
@@ -314,7 +318,7 @@ class Accounting:
     async def _send_batch(self, batch) -> None:
         try:
             requests = [(k, c, l) for k, c, l, _ in batch]
-            decisions = await self.guard.call(lambda: self.store.consume_windows(requests, self.window_s))
+            decisions = await self.writes.run(lambda op: self.store.consume_windows(requests, self.window_s, op), self.guard.call)
         except BaseException as exc:
             for *_, fut in batch:
                 if not fut.done():
@@ -361,7 +365,7 @@ class Accounting:
         rpm, tpm = tenant.requests_per_minute, tenant.tokens_per_minute
         slice_ = [(budget_key(tenant.id), {"requests": want_r, "tokens": want_t}, {"requests": rpm, "tokens": tpm})]
         try:
-            (decision,) = await self.guard.call(lambda: self.store.consume_windows(slice_, self.window_s))
+            (decision,) = await self.writes.run(lambda op: self.store.consume_windows(slice_, self.window_s, op), self.guard.call)
         except StoreDown:
             lease.retry_at = time.monotonic() + self.lease_s  # the guard logged the outage once
             return
@@ -422,7 +426,10 @@ class Accounting:
         """At once when the store answers (the next request may need the
         room); otherwise queued with the other adjustments."""
         try:
-            await self.guard.call(lambda: self.store.adjust_window(budget_key(tenant_id), {"requests": -1, "tokens": -reserved}, self.window_s))
+            await self.writes.run(
+                lambda op: self.store.adjust_window(budget_key(tenant_id), {"requests": -1, "tokens": -reserved}, self.window_s, op),
+                self.guard.call,
+            )
         except StoreDown:
             self._adjust_requests[tenant_id] -= 1
             self._adjust[tenant_id] -= reserved
@@ -432,20 +439,29 @@ class Accounting:
     async def _reconcile(self) -> dict:
         """Pay what was admitted locally during the outage into the shared
         window (the guard runs this after a successful probe, before the
-        breaker closes). Repeats until nothing is owed, since requests keep
-        being admitted locally while it runs; what fails is kept for the
-        next probe."""
+        breaker closes). First the writes whose outcome the outage left
+        unknown are voided (`budget_writes`): what they did is paid again
+        from this instance's own books. Repeats until nothing is owed, since
+        requests keep being admitted locally while it runs; what fails is
+        kept for the next probe."""
         emptied = await self.guard.bounded(self._store_emptied)
+        voided, landed = await self.writes.void(self.store, self.guard.bounded)
+        if voided and self.metrics is not None:
+            self.metrics.child(self.metrics.budget_writes_voided, "true").inc(landed)
+            self.metrics.child(self.metrics.budget_writes_voided, "false").inc(voided - landed)
         tenants = requests = tokens = 0
         while True:
             owed = self.local.take(emptied)
             emptied = False
             if not owed:
-                return {"reconciled_tenants": tenants, "reconciled_requests": requests, "reconciled_tokens": tokens}
+                return {"reconciled_tenants": tenants, "reconciled_requests": requests, "reconciled_tokens": tokens,
+                        "voided_writes": voided, "voided_landed": landed}
             while owed:
                 tenant_id, deltas = next(iter(owed.items()))
                 try:
-                    await self.guard.bounded(lambda t=tenant_id, d=deltas: self.store.adjust_window(budget_key(t), d, self.window_s))
+                    await self.writes.run(
+                        lambda op, t=tenant_id, d=deltas: self.store.adjust_window(budget_key(t), d, self.window_s, op), self.guard.bounded
+                    )
                 except BaseException:
                     self.local.give_back(owed)
                     raise
@@ -506,7 +522,9 @@ class Accounting:
             if not deltas:
                 continue
             try:
-                await self.guard.call(lambda t=tenant_id, d=deltas: self.store.adjust_window(budget_key(t), d, self.window_s))
+                await self.writes.run(
+                    lambda op, t=tenant_id, d=deltas: self.store.adjust_window(budget_key(t), d, self.window_s, op), self.guard.call
+                )
             except StoreDown:
                 for rest in tenants[i:]:
                     self._adjust_requests[rest] += pending_r.get(rest, 0)

@@ -197,6 +197,13 @@ class GatewayMetrics:
             ["mode", "outcome"],
             registry=r,
         )
+        self.budget_writes_voided = Counter(
+            "specgate_budget_writes_voided",
+            "Budget writes that failed after they were sent (a timeout), voided when the store answered again; "
+            "landed: whether the store had applied the write (it was then undone, not counted twice)",
+            ["landed"],
+            registry=r,
+        )
 
     def tenant_label(self, tenant: str) -> str:
         """The tenant's label value: its id for the first `top_n` tenants seen,

@@ -35,6 +35,7 @@ class WindowDecision:
     reset_s: Mapping[str, float] = field(default_factory=dict)
 
 
+OP_RECORD_PREFIX = "op:"  # a voidable call's record (`Store.void_op`), under the store's prefix
 WINDOW_SLACK = 1e-9  # usage may exceed a limit by this much (float noise) and still fit
 
 
@@ -126,11 +127,25 @@ class Store(Protocol):
         self,
         requests: Sequence[tuple[str, Mapping[str, int], Mapping[str, int]]],
         window_s: int = 60,
+        op: str | None = None,
     ) -> list[WindowDecision]:
-        """Several `consume_window` calls decided in order, in one atomic round trip."""
+        """Several `consume_window` calls decided in order, in one atomic round trip.
+        `op`: a unique id that makes the call idempotent and voidable (`void_op`)."""
         ...
 
-    async def adjust_window(self, key: str, deltas: Mapping[str, int], window_s: int = 60) -> None: ...
+    async def adjust_window(self, key: str, deltas: Mapping[str, int], window_s: int = 60, op: str | None = None) -> None:
+        """Add `deltas` to the current window; `op` as for `consume_windows`."""
+        ...
+
+    async def void_op(self, op: str, window_s: int = 60) -> bool:
+        """Undo the window writes of the call made with `op` and keep it from
+        ever applying (a call whose caller gave up may still run later: a
+        timeout says nothing about whether the store executed it). True when
+        it had applied. Why: a budget write that timed out is paid again by
+        the caller's own bookkeeping (local admission, re-queued adjustments);
+        voiding it first keeps the window from counting it twice. The
+        call's record lasts as long as its window does (`window_s` x 2)."""
+        ...
 
     # -- liveness -----------------------------------------------------
     async def heartbeat(self, key: str, member: str, live_s: float) -> int:

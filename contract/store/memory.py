@@ -11,9 +11,21 @@ import asyncio
 import copy
 import time
 from collections import defaultdict, deque
+from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable, Mapping, Sequence
 
 from .base import WINDOW_SLACK, WindowDecision, window_reset_s, window_retry_after_s
+
+
+@dataclass
+class _OpRecord:
+    """A voidable call: until when it is kept, the window fields it changed
+    ((key, window index), field, amount), its answer where it consumed, void."""
+
+    expires: float
+    charges: list[tuple[tuple[str, int], str, float]]
+    decisions: tuple[WindowDecision, ...] | None = None
+    void: bool = False
 
 
 class MemoryStore:
@@ -27,6 +39,7 @@ class MemoryStore:
         self._windows: dict[tuple[str, int], dict[str, float]] = defaultdict(dict)
         self._subscribers: dict[str, set[asyncio.Queue[Any]]] = defaultdict(set)
         self._beats: dict[str, dict[str, float]] = {}
+        self._ops: dict[str, _OpRecord] = {}  # calls made with an `op` (see `void_op`)
 
     async def ping(self) -> bool:
         return True
@@ -129,13 +142,55 @@ class MemoryStore:
         self,
         requests: Sequence[tuple[str, Mapping[str, int], Mapping[str, int]]],
         window_s: int = 60,
+        op: str | None = None,
     ) -> list[WindowDecision]:
-        return [await self.consume_window(key, costs, limits, window_s) for key, costs, limits in requests]
+        record = self._record(op)
+        if record is not None and record.decisions is not None:
+            return list(record.decisions)  # run again: the first answer
+        if record is not None and record.void:
+            return [WindowDecision(False, 1.0, {}) for _ in requests]
+        index = int(self._clock() // window_s)
+        out = [await self.consume_window(key, costs, limits, window_s) for key, costs, limits in requests]
+        if op is not None:
+            charges = [((key, index), f, c) for (key, costs, _), d in zip(requests, out) if d.allowed for f, c in costs.items()]
+            self._ops[op] = _OpRecord(self._clock() + window_s * 2 + 1, charges, tuple(out))
+        return out
 
-    async def adjust_window(self, key: str, deltas: Mapping[str, int], window_s: int = 60) -> None:
-        _, _, current, _ = self._window_usage(key, window_s, self._clock())
+    async def adjust_window(self, key: str, deltas: Mapping[str, int], window_s: int = 60, op: str | None = None) -> None:
+        if self._record(op) is not None:
+            return  # applied before, or voided
+        now = self._clock()
+        _, _, current, _ = self._window_usage(key, window_s, now)
         for field, delta in deltas.items():
             current[field] = current.get(field, 0.0) + delta
+        if op is not None:
+            index = int(now // window_s)
+            self._ops[op] = _OpRecord(now + window_s * 2 + 1, [((key, index), f, d) for f, d in deltas.items()])
+
+    async def void_op(self, op: str, window_s: int = 60) -> bool:
+        record = self._record(op)
+        if record is None:
+            self._ops[op] = _OpRecord(self._clock() + window_s * 2 + 1, [], void=True)
+            return False
+        if record.void:
+            return False
+        record.void = True
+        for window, field, amount in record.charges:
+            if window in self._windows:  # a window gone took its charge with it
+                self._windows[window][field] = self._windows[window].get(field, 0.0) - amount
+        return True
+
+    def _record(self, op: str | None) -> _OpRecord | None:
+        """The live record of a call made with `op` (as Redis' expiring hash)."""
+        if op is None:
+            return None
+        now = self._clock()
+        while self._ops:  # oldest first (insertion order): drop the expired front
+            first = next(iter(self._ops))
+            if self._ops[first].expires > now:
+                break
+            del self._ops[first]
+        return self._ops.get(op)
 
     # -- liveness -----------------------------------------------------
     async def heartbeat(self, key: str, member: str, live_s: float) -> int:

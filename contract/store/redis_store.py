@@ -17,7 +17,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from .base import WindowDecision, window_reset_s, window_retry_after_s
+from .base import OP_RECORD_PREFIX, WindowDecision, window_reset_s, window_retry_after_s
 
 # KEYS: none (keys are derived from ARGV[1] so that the window index is computed
 # from Redis' clock). ARGV: base key, window seconds, then n triples of
@@ -63,69 +63,133 @@ return {1, tostring(elapsed), '', used}
 # command to encode and parse): what a busy gateway sends when several
 # requests arrive in the same event-loop tick. Each request is decided
 # independently, in order, exactly as `_CONSUME_WINDOW` would.
-# ARGV: window seconds, then per request: base key, n fields, n triples.
+# ARGV: window seconds, the call's record key ('' for none: see `_VOID_OP`),
+# then per request: base key, n fields, n triples. With a record key the
+# call runs once: run again (a client's retry) it returns the first answer;
+# voided, it charges nothing and denies every request.
 _CONSUME_WINDOWS = """
 local window = tonumber(ARGV[1])
+local record = ARGV[2]
+local void = false
+if record ~= '' then
+  local seen = redis.call('HGET', record, 'out')
+  if seen then
+    return cjson.decode(seen)
+  end
+  void = redis.call('HEXISTS', record, 'void') == 1
+end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
 local index = math.floor(now / window)
 local elapsed = (now - index * window) / window
 local out = {}
-local i = 2
+local charges = {}
+local i = 3
 while i <= #ARGV do
   local base = ARGV[i]
   local n = tonumber(ARGV[i + 1])
   local first = i + 2
   i = first + n * 3
-  local cur = base .. ':' .. index
-  local prev = base .. ':' .. (index - 1)
-  local used = {}
-  local denied = ''
-  local fields = {}
-  for j = 0, n - 1 do
-    fields[j + 1] = ARGV[first + j * 3]
-  end
-  local cs = redis.call('HMGET', cur, unpack(fields))
-  local ps = redis.call('HMGET', prev, unpack(fields))
-  for j = 0, n - 1 do
-    local field = fields[j + 1]
-    local cost = tonumber(ARGV[first + 1 + j * 3])
-    local limit = tonumber(ARGV[first + 2 + j * 3])
-    local c = tonumber(cs[j + 1] or '0') or 0
-    local p = tonumber(ps[j + 1] or '0') or 0
-    local u = p * (1 - elapsed) + c + cost
-    used[#used + 1] = field
-    used[#used + 1] = tostring(u)
-    used[#used + 1] = tostring(p)
-    used[#used + 1] = tostring(c)
-    if limit > 0 and cost > 0 and u > limit + 1e-9 then
-      denied = field
-      break
-    end
-  end
-  if denied == '' then
-    for j = 0, n - 1 do
-      redis.call('HINCRBYFLOAT', cur, ARGV[first + j * 3], ARGV[first + 1 + j * 3])
-    end
-    redis.call('EXPIRE', cur, window * 2 + 1)
-    out[#out + 1] = {1, tostring(elapsed), '', used}
+  if void then
+    out[#out + 1] = {0, tostring(elapsed), '', {}}
   else
-    out[#out + 1] = {0, tostring(elapsed), denied, used}
+    local cur = base .. ':' .. index
+    local prev = base .. ':' .. (index - 1)
+    local used = {}
+    local denied = ''
+    local fields = {}
+    for j = 0, n - 1 do
+      fields[j + 1] = ARGV[first + j * 3]
+    end
+    local cs = redis.call('HMGET', cur, unpack(fields))
+    local ps = redis.call('HMGET', prev, unpack(fields))
+    for j = 0, n - 1 do
+      local field = fields[j + 1]
+      local cost = tonumber(ARGV[first + 1 + j * 3])
+      local limit = tonumber(ARGV[first + 2 + j * 3])
+      local c = tonumber(cs[j + 1] or '0') or 0
+      local p = tonumber(ps[j + 1] or '0') or 0
+      local u = p * (1 - elapsed) + c + cost
+      used[#used + 1] = field
+      used[#used + 1] = tostring(u)
+      used[#used + 1] = tostring(p)
+      used[#used + 1] = tostring(c)
+      if limit > 0 and cost > 0 and u > limit + 1e-9 then
+        denied = field
+        break
+      end
+    end
+    if denied == '' then
+      for j = 0, n - 1 do
+        redis.call('HINCRBYFLOAT', cur, ARGV[first + j * 3], ARGV[first + 1 + j * 3])
+        charges[#charges + 1] = cur
+        charges[#charges + 1] = ARGV[first + j * 3]
+        charges[#charges + 1] = ARGV[first + 1 + j * 3]
+      end
+      redis.call('EXPIRE', cur, window * 2 + 1)
+      out[#out + 1] = {1, tostring(elapsed), '', used}
+    else
+      out[#out + 1] = {0, tostring(elapsed), denied, used}
+    end
   end
+end
+if record ~= '' and not void then
+  redis.call('HSET', record, 'out', cjson.encode(out), 'charges', cjson.encode(charges))
+  redis.call('EXPIRE', record, window * 2 + 1)
 end
 return out
 """
 
+# ARGV: base key, window seconds, the call's record key ('' for none), then
+# field, delta pairs. With a record key it applies once (never once voided).
 _ADJUST_WINDOW = """
 local base = ARGV[1]
 local window = tonumber(ARGV[2])
+local record = ARGV[3]
+if record ~= '' and redis.call('EXISTS', record) == 1 then
+  return 0
+end
 local t = redis.call('TIME')
 local index = math.floor(tonumber(t[1]) / window)
 local cur = base .. ':' .. index
-for i = 3, #ARGV, 2 do
+local charges = {}
+for i = 4, #ARGV, 2 do
   redis.call('HINCRBYFLOAT', cur, ARGV[i], ARGV[i + 1])
+  charges[#charges + 1] = cur
+  charges[#charges + 1] = ARGV[i]
+  charges[#charges + 1] = ARGV[i + 1]
 end
 redis.call('EXPIRE', cur, window * 2 + 1)
+if record ~= '' then
+  redis.call('HSET', record, 'charges', cjson.encode(charges))
+  redis.call('EXPIRE', record, window * 2 + 1)
+end
+return 1
+"""
+
+# A call's record (`consume_windows` / `adjust_window` with an `op`): the
+# window fields it changed, each by how much. Voiding takes them back out of
+# the windows still alive (a window gone has taken its charge with it) and
+# marks the record void, so a call still on its way applies nothing.
+# ARGV: the record key, its lifetime in seconds where it had none.
+# Returns 1 where the call had applied, 0 where not, 2 where voided before.
+_VOID_OP = """
+local record = ARGV[1]
+if redis.call('HEXISTS', record, 'void') == 1 then
+  return 2
+end
+local raw = redis.call('HGET', record, 'charges')
+redis.call('HSET', record, 'void', '1')
+if not raw then
+  redis.call('EXPIRE', record, tonumber(ARGV[2]))
+  return 0
+end
+local c = cjson.decode(raw)
+for i = 1, #c, 3 do
+  if redis.call('EXISTS', c[i]) == 1 then
+    redis.call('HINCRBYFLOAT', c[i], c[i + 1], -tonumber(c[i + 2]))
+  end
+end
 return 1
 """
 
@@ -203,6 +267,7 @@ class RedisStore:
         self._consume = self._redis.register_script(_CONSUME_WINDOW)
         self._consume_many = self._redis.register_script(_CONSUME_WINDOWS)
         self._adjust = self._redis.register_script(_ADJUST_WINDOW)
+        self._void = self._redis.register_script(_VOID_OP)
         self._heartbeat = self._redis.register_script(_HEARTBEAT)
         self._acquire = self._redis.register_script(_ACQUIRE_LOCK)
         self._release = self._redis.register_script(_RELEASE_LOCK)
@@ -276,11 +341,12 @@ class RedisStore:
         self,
         requests: Sequence[tuple[str, Mapping[str, int], Mapping[str, int]]],
         window_s: int = 60,
+        op: str | None = None,
     ) -> list[WindowDecision]:
         """`consume_window` for several (key, costs, limits) in one atomic call."""
         if not requests:
             return []
-        args: list[Any] = [window_s]
+        args: list[Any] = [window_s, self._record(op)]
         for key, costs, limits in requests:
             args += [self._k(key), len(costs)]
             for field, cost in costs.items():
@@ -288,12 +354,19 @@ class RedisStore:
         rows = await self._consume_many(args=args)
         return [_decision(row, window_s, costs, limits) for row, (_, costs, limits) in zip(rows, requests)]
 
-    async def adjust_window(self, key: str, deltas: Mapping[str, int], window_s: int = 60) -> None:
-        args: list[Any] = [self._k(key), window_s]
+    async def adjust_window(self, key: str, deltas: Mapping[str, int], window_s: int = 60, op: str | None = None) -> None:
+        args: list[Any] = [self._k(key), window_s, self._record(op)]
         for field, delta in deltas.items():
             args += [field, int(delta)]
-        if len(args) > 2:
+        if len(args) > 3:
             await self._adjust(args=args)
+
+    async def void_op(self, op: str, window_s: int = 60) -> bool:
+        return int(await self._void(args=[self._record(op), window_s * 2 + 1])) == 1
+
+    def _record(self, op: str | None) -> str:
+        """The key of a call's record (`_VOID_OP`); '' for a call made without an op."""
+        return "" if op is None else self._k(OP_RECORD_PREFIX + op)
 
     # -- liveness -----------------------------------------------------
     async def heartbeat(self, key: str, member: str, live_s: float) -> int:

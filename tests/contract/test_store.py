@@ -108,3 +108,88 @@ async def test_a_redis_restart_is_not_an_outage_for_pooled_connections(tmp_path)
     finally:
         server.stop()
         await store.close()
+
+
+async def _charged(store, key: str) -> dict[str, float]:
+    """What the window under `key` holds now (current + previous, as raw counts)."""
+    if isinstance(store, RedisStore):
+        raw = store._redis
+        keys = [k async for k in raw.scan_iter(match=store._k(key) + ":*")]
+        out: dict[str, float] = {}
+        for k in keys:
+            for f, v in (await raw.hgetall(k)).items():
+                out[f.decode()] = out.get(f.decode(), 0.0) + float(v)
+        return out
+    out = {}
+    for (k, _), fields in store._windows.items():
+        if k == key:
+            for f, v in fields.items():
+                out[f] = out.get(f, 0.0) + v
+    return out
+
+
+async def test_a_write_made_with_an_op_applies_once_and_voiding_takes_it_back(store):
+    """A budget write with an op id is idempotent (a client's retry of a call
+    whose reply was lost returns the first answer, charging nothing more), and
+    `void_op` undoes what it did."""
+    req = [("v", {"requests": 1, "tokens": 10}, {"requests": 5, "tokens": 0})]
+    first = await store.consume_windows(req, 60, op="c1")
+    again = await store.consume_windows(req, 60, op="c1")
+    assert first[0].allowed and again[0].allowed and again[0].used == first[0].used
+    await store.adjust_window("v", {"tokens": 7}, 60, op="a1")
+    await store.adjust_window("v", {"tokens": 7}, 60, op="a1")
+    assert await _charged(store, "v") == {"requests": 1.0, "tokens": 17.0}
+
+    assert await store.void_op("c1", 60) is True
+    assert await store.void_op("c1", 60) is False  # voided before: nothing more to undo
+    assert await store.void_op("a1", 60) is True
+    assert await _charged(store, "v") == {"requests": 0.0, "tokens": 0.0}
+    # A denied request charged nothing, so voiding it undoes nothing.
+    full = [("v", {"requests": 9}, {"requests": 5})]
+    assert not (await store.consume_windows(full, 60, op="c2"))[0].allowed
+    assert await store.void_op("c2", 60) is True  # it ran; its charges were none
+    assert await _charged(store, "v") == {"requests": 0.0, "tokens": 0.0}
+
+
+async def test_a_write_voided_before_it_arrives_applies_nothing(store):
+    """Voiding a write the store never saw makes it a no-op should it still
+    arrive (a command held up in a socket)."""
+    assert await store.void_op("late", 60) is False
+    (d,) = await store.consume_windows([("w2", {"requests": 1}, {"requests": 5})], 60, op="late")
+    assert not d.allowed
+    await store.adjust_window("w2", {"tokens": 5}, 60, op="late")
+    assert await _charged(store, "w2") in ({}, {"requests": 0.0, "tokens": 0.0})
+    assert (await store.consume_windows([("w2", {"requests": 1}, {"requests": 5})], 60, op="fresh"))[0].allowed
+
+
+async def test_a_reservation_that_timed_out_can_land_and_voiding_takes_it_back(tmp_path):
+    """Why writes carry op ids: a real Redis, busy when the reservation was
+    sent, runs it after its client gave up. The window then holds a charge the
+    gateway does not know of; voiding removes it."""
+    import shutil
+
+    from tests.support.private_redis import PrivateRedis
+
+    if shutil.which("redis-server") is None:
+        pytest.skip("needs redis-server")
+    server = PrivateRedis(tmp_path).start()
+    store = RedisStore(server.url, prefix="late:")
+    req = [("b", {"requests": 1}, {"requests": 5})]
+    try:
+        await store.consume_windows([("warm", {"requests": 1}, {"requests": 5})], 60)  # the script is loaded: EVALSHA runs
+        stall = server.stall(1.0)
+        await asyncio.sleep(0.2)  # the stall holds the server
+        with pytest.raises(TimeoutError):
+            async with asyncio.timeout(0.3):
+                await store.consume_windows(req, 60, op="t1")
+        await asyncio.to_thread(stall.join, 10)
+        for _ in range(100):  # the stall ended: the sent command runs
+            if (await _charged(store, "b")).get("requests"):
+                break
+            await asyncio.sleep(0.05)
+        assert await _charged(store, "b") == {"requests": 1.0}  # it landed, though its caller timed out
+        assert await store.void_op("t1", 60) is True
+        assert await _charged(store, "b") == {"requests": 0.0}
+    finally:
+        await store.close()
+        server.stop()

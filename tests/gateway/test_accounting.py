@@ -91,9 +91,9 @@ class CountingStore:
         self.inner = inner
         self.calls = 0
 
-    async def consume_windows(self, reqs, window_s=60):
+    async def consume_windows(self, reqs, window_s=60, op=None):
         self.calls += 1
-        return await self.inner.consume_windows(reqs, window_s)
+        return await self.inner.consume_windows(reqs, window_s, op)
 
     def __getattr__(self, name):
         return getattr(self.inner, name)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import threading
 
 import redis
 
@@ -50,7 +51,30 @@ class PrivateRedis:
         with redis.Redis(port=self.port) as r:
             r.execute_command("CLIENT", "PAUSE", ms, "ALL")
 
+    def stall(self, seconds: float) -> threading.Thread:
+        """The server itself busy for `seconds` (a script spinning on `TIME`):
+        it reads no socket meanwhile, so a command sent now runs when the
+        stall ends, whether or not its client is still waiting. Unlike
+        `pause`, which parks the client and drops its command if it goes away.
+        Returns the thread running the stall (started; join it)."""
+        def run() -> None:
+            with redis.Redis(port=self.port) as r:
+                r.eval(_SPIN, 0, seconds)
+
+        thread = threading.Thread(target=run, daemon=True)
+        thread.start()
+        return thread
+
     def client(self) -> redis.Redis:
         return redis.Redis(port=self.port)
+
+
+# Busy until ARGV[1] seconds have passed on the server's clock.
+_SPIN = """
+local function now() local t = redis.call('TIME') return tonumber(t[1]) + tonumber(t[2]) / 1000000 end
+local stop = now() + tonumber(ARGV[1])
+while now() < stop do end
+return 1
+"""
 
 
