@@ -18,13 +18,14 @@ whole load, so an unequal split runs one replica at a larger batch; each
 tenant keeps the requests it holds, the clients' concurrency). The
 candidates: every tenant together (no placement), and every split of the
 placed tenants into two groups, each group on a share of the replicas in
-proportion to its load (at least one each).
+proportion to the requests it holds (at least one each), so that each
+replica keeps about the batch it had.
 
 Scope: where schedules stand (every speculative replica honours the knobs and
 there is no `off` pool, which already places tenants by on/off) on one
 speculative profile (with several, `preferred_profile` places tenants by
 their caps), two or more live replicas, and two or more tenants each holding
-at least `MIN_SHARE` of the load; the `MAX_PLACED` heaviest are placed, the
+at least `MIN_SHARE` of the requests; the `MAX_PLACED` heaviest are placed, the
 others go wherever least load sends them.
 
 Hysteresis: the best candidate replaces the placement in force when it beats
@@ -38,7 +39,9 @@ filter, so a request still fails over.
 Off by default (`controller.decision.placement`): in simulation the model
 priced a placement the simulator did not deliver (chat and creative apart
 at c=256 under a drafter pass paid at every step: +8.6 % predicted, -4 %
-delivered; docs/controller.md, *Tenants placed apart*).
+delivered), and so did real vLLM (greedy and temp1 one per replica: +8 to
++25 % predicted, 0.72 to 0.91 delivered); docs/controller.md, *Tenants
+placed apart*.
 """
 
 from __future__ import annotations
@@ -55,36 +58,60 @@ from .config import DecisionConfig
 from .context import FleetContext, loaded_as
 from .goodput import GoodputModel, batch_shares
 from .optimizer import Optimizer
-from .placement import tenant_load
 from .schedule import schedules_stand
 from .views import Groups, Placement, ReplicaInput
 
-MIN_SHARE = 0.05  # a tenant below this share of the fleet's load is not placed
+MIN_SHARE = 0.05  # a tenant holding less than this share of the fleet's requests is not placed
 MAX_PLACED = 4  # the heaviest tenants placed (2**(n-1) - 1 splits priced per tick)
 
 
-def placeable(ctx: FleetContext, cfg: DecisionConfig) -> tuple[list[str], list[str], dict[str, float]] | None:
-    """(replica names, tenants to place, each tenant's load), or None where no
-    placement applies this tick (see the module's scope)."""
+class TenantLoads(NamedTuple):
+    """What each tenant holds on the live replicas this tick, wherever it runs:
+    running and waiting requests, and token mass (what a placement moves)."""
+
+    requests: dict[str, float]
+    waiting: dict[str, float]
+    tokens: dict[str, float]
+
+    def held(self) -> dict[str, float]:
+        """Each tenant's requests, running and waiting."""
+        return {t: self.requests.get(t, 0.0) + self.waiting.get(t, 0.0) for t in sorted(self.tokens)}
+
+
+class Scope(NamedTuple):
+    """Where a placement applies this tick: the live replicas' names, the
+    tenants to place, and every tenant's load."""
+
+    names: list[str]
+    tenants: list[str]
+    loads: TenantLoads
+
+
+def placeable(ctx: FleetContext, cfg: DecisionConfig) -> Scope | None:
+    """This tick's `Scope`, or None where no placement applies (see the
+    module's scope). Tenants are weighed by the requests they hold (running
+    and waiting, `TenantLoads.held`): what a group brings to its replicas,
+    so what sizes them."""
     if not cfg.placement or not schedules_stand(ctx, cfg):
         return None
     live = ctx.live
     if len(live) < 2 or len({r.profile for r in live}) != 1:
         return None
-    load = {t: sum(tenant_load(r, t) for r in live) for t in sorted({t for r in live for t in r.mix})}
-    total = sum(load.values())
+    loads = tenant_loads(ctx, ctx.goodput_model())
+    held = loads.held()
+    total = sum(held.values())
     if total <= 0:
         return None
-    heavy = sorted((t for t, x in load.items() if x >= MIN_SHARE * total), key=lambda t: (-load[t], t))[:MAX_PLACED]
+    heavy = sorted((t for t, x in held.items() if x >= MIN_SHARE * total), key=lambda t: (-held[t], t))[:MAX_PLACED]
     if len(heavy) < 2:
         return None
-    return sorted(r.name for r in live), sorted(heavy), load
+    return Scope(sorted(r.name for r in live), sorted(heavy), loads)
 
 
 def split_groups(names: Sequence[str], first: Sequence[str], second: Sequence[str], load: Mapping[str, float]) -> Groups:
     """Two groups of tenants on disjoint replicas: the group holding the first
     tenant by name on the first replicas by name, each group's replica count in
-    proportion to its load (at least one each)."""
+    proportion to its `load` (the requests it holds, `TenantLoads.held`; at least one each)."""
     a, b = sorted(first), sorted(second)
     if b[0] < a[0]:
         a, b = b, a
@@ -103,15 +130,6 @@ def candidates(names: Sequence[str], tenants: Sequence[str], load: Mapping[str, 
             group = [first, *mates]
             out.append(split_groups(names, group, [t for t in tenants if t not in group], load))
     return out
-
-
-class TenantLoads(NamedTuple):
-    """What each tenant holds on the live replicas this tick, wherever it runs:
-    running and waiting requests, and token mass (what a placement moves)."""
-
-    requests: dict[str, float]
-    waiting: dict[str, float]
-    tokens: dict[str, float]
 
 
 def tenant_loads(ctx: FleetContext, model: GoodputModel) -> TenantLoads:
@@ -170,9 +188,8 @@ def price(ctx: FleetContext, overrides: Mapping[str, TenantOverride], cfg: Decis
 
 
 def prices(ctx: FleetContext, overrides: Mapping[str, TenantOverride], cfg: DecisionConfig,
-           placements: Sequence[Groups], names: Sequence[str]) -> dict[Groups, float]:
-    """Each placement's `price`, the tenants' loads moved there from this tick's."""
-    loads = tenant_loads(ctx, ctx.goodput_model())
+           placements: Sequence[Groups], names: Sequence[str], loads: TenantLoads) -> dict[Groups, float]:
+    """Each placement's `price`, the tenants' `loads` (this tick's) moved there."""
     return {g: price(ctx, overrides, cfg, placed_fleet(ctx.live, loads, g, names)) for g in dict.fromkeys(placements)}
 
 
@@ -182,13 +199,13 @@ def step(prev: Placement, ctx: FleetContext, overrides: Mapping[str, TenantOverr
     scope = placeable(ctx, cfg)
     if scope is None:
         return Placement()
-    names, tenants, load = scope
+    names, tenants, loads = scope
     live_names = set(names)
     current = tuple((t, reps) for t, reps in prev.groups if t in tenants)
     if current and (len({reps for _, reps in current}) < 2
                     or any(not live_names.intersection(reps) for _, reps in current)):
         current = ()  # a group lost its replicas, or only one group is left: together, at once
-    priced = prices(ctx, overrides, cfg, [current, *candidates(names, tenants, load)], names)
+    priced = prices(ctx, overrides, cfg, [current, *candidates(names, tenants, loads.held())], names, loads)
 
     def gain(g: Groups) -> float:
         return priced[g] / priced[()] - 1.0 if priced[()] > 0 else 0.0

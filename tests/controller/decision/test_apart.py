@@ -23,8 +23,8 @@ def pair(batch=16.0, mix=None, healthy=(True, True), **kw):
 
 def prices(reps, ts, cfg=CFG):
     ctx = context(reps, ts, cfg=cfg)
-    names, placed, load = apart.placeable(ctx, cfg)
-    return apart.prices(ctx, {}, cfg, apart.candidates(names, placed, load), names)
+    names, placed, loads = apart.placeable(ctx, cfg)
+    return apart.prices(ctx, {}, cfg, apart.candidates(names, placed, loads.held()), names, loads)
 
 
 def run(reps, ts, ticks, prev=None, start=0.0, cfg=CFG):
@@ -84,6 +84,27 @@ def test_the_replicas_are_split_in_proportion_to_the_groups_load():
     assert len(apart.candidates(names, ["a", "b", "c"], {"a": 1.0, "b": 1.0, "c": 1.0})) == 1 + 3
 
 
+def test_groups_get_replicas_by_the_requests_they_hold_not_their_token_mass():
+    """Half the tokens each, but code emits several a step, so poor holds most
+    of the requests: apart, it gets three of four replicas (sized by token
+    mass, two each, code's replicas would run a sixth of poor's batch)."""
+    reps = [replica(16.0, {"code": 0.5, "poor": 0.5}, name=f"r{i}") for i in range(4)]
+    ctx = context(reps, tenants(code=CODE, poor=POOR), cfg=CFG)
+    names, placed, loads = apart.placeable(ctx, CFG)
+    held = loads.held()
+    assert held["poor"] > 2 * held["code"]
+    (split,) = [g for g in apart.candidates(names, placed, held) if g]
+    assert dict(split) == {"code": ("r0",), "poor": ("r1", "r2", "r3")}
+    by_mass = apart.split_groups(names, ["code"], ["poor"], loads.tokens)
+    assert dict(by_mass) == {"code": ("r0", "r1"), "poor": ("r2", "r3")}
+
+    def spread(groups):
+        batches = [r.batch for r in apart.placed_fleet(ctx.live, loads, groups, names)]
+        return max(batches) / min(batches)
+
+    assert spread(split) < 2.5 < 5.0 < spread(by_mass)  # 8.8 and 18.4 a replica, against 4.4 and 27.6
+
+
 def test_placed_apart_after_confirmation_and_a_tie_keeps_it():
     ts = tenants(code=CODE, poor=POOR)
     ticks = run(pair(), ts, CFG.confirm_ticks)
@@ -133,7 +154,7 @@ def test_no_placement_where_it_does_not_apply(why):
     elif why == "no schedules":
         cfg = DecisionConfig(placement=True, schedule_grid=None)
     else:
-        reps = pair(mix={"code": 0.98, "poor": 0.02})  # poor is under MIN_SHARE of the load
+        reps = pair(mix={"code": 0.995, "poor": 0.005})  # poor holds under MIN_SHARE of the requests
     assert apart.placeable(context(reps, ts, cfg=cfg), cfg) is None
     assert all(p == Placement() for p in run(reps, ts, CFG.confirm_ticks + 1, cfg=cfg))
 
