@@ -298,8 +298,7 @@ def test_a_reservation_that_timed_out_but_ran_is_not_paid_twice(start_backend, p
     try:
         assert ask(gw.url).status_code == 200  # through the store (its scripts are loaded now)
         time.sleep(0.3)  # the request's telemetry is flushed before the stall
-        stall = store.stall(1.5)
-        time.sleep(0.2)
+        stall = store.stall(1.5)  # returns once the server has stopped answering
         assert ask(gw.url).status_code == 200  # the reservation times out: admitted locally
         assert ready(gw.url)[1]["budget_store"] == "down"
         stall.join(10)

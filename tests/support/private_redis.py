@@ -5,6 +5,7 @@ store -- never the shared Redis other tests use."""
 from __future__ import annotations
 
 import shutil
+import socket
 import subprocess
 import threading
 
@@ -56,14 +57,25 @@ class PrivateRedis:
         it reads no socket meanwhile, so a command sent now runs when the
         stall ends, whether or not its client is still waiting. Unlike
         `pause`, which parks the client and drops its command if it goes away.
-        Returns the thread running the stall (started; join it)."""
+        Returns once the server has stopped answering, with the thread
+        running the stall (join it)."""
         def run() -> None:
             with redis.Redis(port=self.port) as r:
                 r.eval(_SPIN, 0, seconds)
 
         thread = threading.Thread(target=run, daemon=True)
         thread.start()
+        wait_for(lambda: not self._answers_within(0.05), timeout=min(5.0, seconds))
         return thread
+
+    def _answers_within(self, timeout_s: float) -> bool:
+        """A PING answered within `timeout_s` (a raw socket: redis-py's client retries timeouts)."""
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=timeout_s) as sock:
+                sock.sendall(b"PING\r\n")
+                return sock.recv(16).startswith(b"+PONG")
+        except OSError:
+            return False
 
     def client(self) -> redis.Redis:
         return redis.Redis(port=self.port)
