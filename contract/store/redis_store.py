@@ -70,13 +70,20 @@ return {1, tostring(elapsed), '', used}
 _CONSUME_WINDOWS = """
 local window = tonumber(ARGV[1])
 local record = ARGV[2]
-local void = false
 if record ~= '' then
   local seen = redis.call('HGET', record, 'out')
   if seen then
     return cjson.decode(seen)
   end
-  void = redis.call('HEXISTS', record, 'void') == 1
+  if redis.call('HEXISTS', record, 'void') == 1 then
+    local out = {}
+    local i = 3
+    while i <= #ARGV do
+      out[#out + 1] = {0, '0', '', {}}
+      i = i + 2 + tonumber(ARGV[i + 1]) * 3
+    end
+    return out
+  end
 end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
@@ -90,50 +97,46 @@ while i <= #ARGV do
   local n = tonumber(ARGV[i + 1])
   local first = i + 2
   i = first + n * 3
-  if void then
-    out[#out + 1] = {0, tostring(elapsed), '', {}}
-  else
-    local cur = base .. ':' .. index
-    local prev = base .. ':' .. (index - 1)
-    local used = {}
-    local denied = ''
-    local fields = {}
-    for j = 0, n - 1 do
-      fields[j + 1] = ARGV[first + j * 3]
-    end
-    local cs = redis.call('HMGET', cur, unpack(fields))
-    local ps = redis.call('HMGET', prev, unpack(fields))
-    for j = 0, n - 1 do
-      local field = fields[j + 1]
-      local cost = tonumber(ARGV[first + 1 + j * 3])
-      local limit = tonumber(ARGV[first + 2 + j * 3])
-      local c = tonumber(cs[j + 1] or '0') or 0
-      local p = tonumber(ps[j + 1] or '0') or 0
-      local u = p * (1 - elapsed) + c + cost
-      used[#used + 1] = field
-      used[#used + 1] = tostring(u)
-      used[#used + 1] = tostring(p)
-      used[#used + 1] = tostring(c)
-      if limit > 0 and cost > 0 and u > limit + 1e-9 then
-        denied = field
-        break
-      end
-    end
-    if denied == '' then
-      for j = 0, n - 1 do
-        redis.call('HINCRBYFLOAT', cur, ARGV[first + j * 3], ARGV[first + 1 + j * 3])
-        charges[#charges + 1] = cur
-        charges[#charges + 1] = ARGV[first + j * 3]
-        charges[#charges + 1] = ARGV[first + 1 + j * 3]
-      end
-      redis.call('EXPIRE', cur, window * 2 + 1)
-      out[#out + 1] = {1, tostring(elapsed), '', used}
-    else
-      out[#out + 1] = {0, tostring(elapsed), denied, used}
+  local cur = base .. ':' .. index
+  local prev = base .. ':' .. (index - 1)
+  local used = {}
+  local denied = ''
+  local fields = {}
+  for j = 0, n - 1 do
+    fields[j + 1] = ARGV[first + j * 3]
+  end
+  local cs = redis.call('HMGET', cur, unpack(fields))
+  local ps = redis.call('HMGET', prev, unpack(fields))
+  for j = 0, n - 1 do
+    local field = fields[j + 1]
+    local cost = tonumber(ARGV[first + 1 + j * 3])
+    local limit = tonumber(ARGV[first + 2 + j * 3])
+    local c = tonumber(cs[j + 1] or '0') or 0
+    local p = tonumber(ps[j + 1] or '0') or 0
+    local u = p * (1 - elapsed) + c + cost
+    used[#used + 1] = field
+    used[#used + 1] = tostring(u)
+    used[#used + 1] = tostring(p)
+    used[#used + 1] = tostring(c)
+    if limit > 0 and cost > 0 and u > limit + 1e-9 then
+      denied = field
+      break
     end
   end
+  if denied == '' then
+    for j = 0, n - 1 do
+      redis.call('HINCRBYFLOAT', cur, ARGV[first + j * 3], ARGV[first + 1 + j * 3])
+      charges[#charges + 1] = cur
+      charges[#charges + 1] = ARGV[first + j * 3]
+      charges[#charges + 1] = ARGV[first + 1 + j * 3]
+    end
+    redis.call('EXPIRE', cur, window * 2 + 1)
+    out[#out + 1] = {1, tostring(elapsed), '', used}
+  else
+    out[#out + 1] = {0, tostring(elapsed), denied, used}
+  end
 end
-if record ~= '' and not void then
+if record ~= '' then
   redis.call('HSET', record, 'out', cjson.encode(out), 'charges', cjson.encode(charges))
   redis.call('EXPIRE', record, window * 2 + 1)
 end
