@@ -19,54 +19,21 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 from .base import OP_RECORD_PREFIX, WindowDecision, window_reset_s, window_retry_after_s
 
-# KEYS: none (keys are derived from ARGV[1] so that the window index is computed
-# from Redis' clock). ARGV: base key, window seconds, then n triples of
-# field, cost, limit. Returns {allowed, elapsed, denied field or '', used} with
-# `used` flat quadruples (field, weighted usage incl. cost, previous, current):
-# Retry-After and the reset times are computed from those raw values in Python
-# by the same functions the embedded store uses (`base.window_retry_after_s`,
-# `base.window_reset_s`). `1e-9` is `base.WINDOW_SLACK`.
-_CONSUME_WINDOW = """
-local base = ARGV[1]
-local window = tonumber(ARGV[2])
-local t = redis.call('TIME')
-local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
-local index = math.floor(now / window)
-local elapsed = (now - index * window) / window
-local cur = base .. ':' .. index
-local prev = base .. ':' .. (index - 1)
-local used = {}
-local n = (#ARGV - 2) / 3
-for i = 0, n - 1 do
-  local field = ARGV[3 + i * 3]
-  local cost = tonumber(ARGV[4 + i * 3])
-  local limit = tonumber(ARGV[5 + i * 3])
-  local c = tonumber(redis.call('HGET', cur, field) or '0')
-  local p = tonumber(redis.call('HGET', prev, field) or '0')
-  local u = p * (1 - elapsed) + c + cost
-  used[#used + 1] = field
-  used[#used + 1] = tostring(u)
-  used[#used + 1] = tostring(p)
-  used[#used + 1] = tostring(c)
-  if limit > 0 and cost > 0 and u > limit + 1e-9 then
-    return {0, tostring(elapsed), field, used}
-  end
-end
-for i = 0, n - 1 do
-  redis.call('HINCRBYFLOAT', cur, ARGV[3 + i * 3], ARGV[4 + i * 3])
-end
-redis.call('EXPIRE', cur, window * 2 + 1)
-return {1, tostring(elapsed), '', used}
-"""
-
-# Many check-and-consume operations in one script call (one round trip, one
-# command to encode and parse): what a busy gateway sends when several
+# Check-and-consume for one or several requests in one script call (one round
+# trip, one command to encode and parse): what a busy gateway sends when several
 # requests arrive in the same event-loop tick. Each request is decided
-# independently, in order, exactly as `_CONSUME_WINDOW` would.
+# independently, in order. Keys are derived from the base keys so that the
+# window index is computed from Redis' clock. Per request it returns {allowed,
+# elapsed, denied field or '', used} with `used` flat quadruples (field,
+# weighted usage incl. cost, previous, current): Retry-After and the reset
+# times are computed from those raw values in Python by the same functions the
+# embedded store uses (`base.window_retry_after_s`, `base.window_reset_s`).
+# `1e-9` is `base.WINDOW_SLACK`.
 # ARGV: window seconds, the call's record key ('' for none: see `_VOID_OP`),
-# then per request: base key, n fields, n triples. With a record key the
-# call runs once: run again (a client's retry) it returns the first answer;
-# voided, it charges nothing and denies every request.
+# then per request: base key, n fields (at least one), n triples of field,
+# cost, limit. With a record key the call runs once: run again (a client's
+# retry) it returns the first answer; voided, it charges nothing and denies
+# every request.
 _CONSUME_WINDOWS = """
 local window = tonumber(ARGV[1])
 local record = ARGV[2]
@@ -267,7 +234,6 @@ class RedisStore:
             retry_on_error=[RedisConnectionError],
         )
         self._redis = aioredis.Redis.from_pool(pool)  # owns the pool: aclose() closes it
-        self._consume = self._redis.register_script(_CONSUME_WINDOW)
         self._consume_many = self._redis.register_script(_CONSUME_WINDOWS)
         self._adjust = self._redis.register_script(_ADJUST_WINDOW)
         self._void = self._redis.register_script(_VOID_OP)
@@ -335,10 +301,8 @@ class RedisStore:
         limits: Mapping[str, int],
         window_s: int = 60,
     ) -> WindowDecision:
-        args: list[Any] = [self._k(key), window_s]
-        for field, cost in costs.items():
-            args += [field, int(cost), int(limits.get(field, 0))]
-        return _decision(await self._consume(args=args), window_s, costs, limits)
+        (decision,) = await self.consume_windows([(key, costs, limits)], window_s)
+        return decision
 
     async def consume_windows(
         self,
