@@ -177,7 +177,7 @@ async def test_a_reservation_that_timed_out_can_land_and_voiding_takes_it_back(t
     req = [("b", {"requests": 1}, {"requests": 5})]
     try:
         await store.consume_windows([("warm", {"requests": 1}, {"requests": 5})], 60)  # the script is loaded: EVALSHA runs
-        stall = await asyncio.to_thread(server.stall, 1.0)  # returns once the server has stopped answering
+        stall = await asyncio.to_thread(server.stall, 1.5)  # returns once the server has stopped answering
         with pytest.raises(TimeoutError):
             async with asyncio.timeout(0.3):
                 await store.consume_windows(req, 60, op="t1")

@@ -282,33 +282,46 @@ def test_a_reservation_that_timed_out_but_ran_is_not_paid_twice(start_backend, p
     """Redis, busy when a reservation was sent, ran it after the gateway had
     timed out and admitted the request locally. The recovery probe voids the
     late write before paying in the local admission: the window counts each
-    request once (without voiding it counted the stalled one twice)."""
+    admitted request once (without voiding it counted the stalled one twice)."""
     store = private_redis()
     backend = start_backend()
     # Heartbeats and policy polls far apart: the stalled reservation is the one store call
     # in flight, on a pooled connection already open (a new one would wait for the stall
-    # in its handshake, before the command is sent).
-    gw = gateway_on(store.url, backend.url, [tenant("alpha", requests_per_minute=20)],
+    # in its handshake, before the command is sent). So requests are the only probes.
+    gw = gateway_on(store.url, backend.url, [tenant("alpha", requests_per_minute=100)],
                     instance_heartbeat_s=30.0, policy_poll_s=30.0, budget_store_retry_s=0.5, budget_window_s=3600)
     client = store.client()
 
     def charged() -> float:
         return sum(float(client.hget(k, "requests") or 0) for k in client.scan_iter(match="outage-test:budget:alpha:*"))
 
+    admitted = 0
+
+    def admit() -> None:
+        nonlocal admitted
+        assert ask(gw.url).status_code == 200
+        admitted += 1
+
     try:
-        assert ask(gw.url).status_code == 200  # through the store (its scripts are loaded now)
+        admit()  # through the store (its scripts are loaded now)
         time.sleep(0.3)  # the request's telemetry is flushed before the stall
-        stall = store.stall(1.5)  # returns once the server has stopped answering
-        assert ask(gw.url).status_code == 200  # the reservation times out: admitted locally
+        stall = store.stall(2.0)  # returns once the server has stopped answering
+        admit()  # the reservation times out: admitted locally
         assert ready(gw.url)[1]["budget_store"] == "down"
         stall.join(10)
         wait_for(lambda: charged() == 2, timeout=10)  # the stall ended and the sent reservation ran
 
-        assert ask(gw.url).status_code == 200  # probes: voids the late write, pays in the local admission
-        wait_for(lambda: ready(gw.url)[1]["budget_store"] == "up", timeout=10)
-        assert charged() == 3  # three requests, each counted once
+        # Each request may probe: the probe voids the late write, then pays in the local
+        # admissions. Asked until the store is up, since on a loaded machine one probe's
+        # reconciliation can itself time out (its writes are then voided and paid by the next).
+        def recovered() -> bool:
+            admit()
+            return ready(gw.url)[1]["budget_store"] == "up"
+
+        wait_for(recovered, timeout=15, interval=0.5)
+        assert charged() == admitted  # each request counted once
         voided = gw.state.metrics.budget_writes_voided
-        assert voided.labels("true")._value.get() == 1
+        assert voided.labels("true")._value.get() >= 1
         assert budget_log() == ["budget store down", "budget store back up"]
     finally:
         client.close()
