@@ -87,6 +87,15 @@ class MemoryStore:
     async def hgetall(self, key: str) -> dict[str, float]:
         return dict(self._hashes.get(key, {}))
 
+    async def hincr_once(self, seq_key: str, seq: int, increments: Mapping[str, Mapping[str, float]], ttl_s: float) -> bool:
+        last = int(self._live(seq_key) or 0)
+        applied = seq > last
+        if applied:
+            for key, mapping in increments.items():
+                await self.hincr(key, mapping)
+        self._values[seq_key] = (max(seq, last), self._clock() + ttl_s)
+        return applied
+
     # -- sets and bounded logs ----------------------------------------
     async def sadd(self, key: str, *members: str) -> None:
         self._sets[key].update(members)
@@ -121,7 +130,9 @@ class MemoryStore:
         limits: Mapping[str, int],
         window_s: int = 60,
     ) -> WindowDecision:
-        now = self._clock()
+        return self._consume_at(key, costs, limits, window_s, self._clock())
+
+    def _consume_at(self, key: str, costs: Mapping[str, int], limits: Mapping[str, int], window_s: int, now: float) -> WindowDecision:
         _, elapsed, current, previous = self._window_usage(key, window_s, now)
         used: dict[str, float] = {}
         seen: dict[str, tuple[float, float]] = {}
@@ -149,11 +160,12 @@ class MemoryStore:
             return list(record.decisions)  # run again: the first answer
         if record is not None and record.void:
             return [WindowDecision(False, 1.0, {}) for _ in requests]
-        index = int(self._clock() // window_s)
-        out = [await self.consume_window(key, costs, limits, window_s) for key, costs, limits in requests]
+        now = self._clock()  # one clock for the whole call, as the script reads TIME once
+        index = int(now // window_s)
+        out = [self._consume_at(key, costs, limits, window_s, now) for key, costs, limits in requests]
         if op is not None:
             charges = [((key, index), f, c) for (key, costs, _), d in zip(requests, out) if d.allowed for f, c in costs.items()]
-            self._ops[op] = _OpRecord(self._clock() + window_s * 2 + 1, charges, tuple(out))
+            self._ops[op] = _OpRecord(now + window_s * 2 + 1, charges, tuple(out))
         return out
 
     async def adjust_window(self, key: str, deltas: Mapping[str, int], window_s: int = 60, op: str | None = None) -> None:

@@ -141,3 +141,17 @@ def test_heartbeat_uses_the_stores_clock():
     assert asyncio.run(store.heartbeat("hb", "b", 6)) == 2
     clock.t = 106.5
     assert asyncio.run(store.heartbeat("hb", "b", 6)) == 1
+
+
+async def test_a_memory_batch_is_decided_on_one_clock_reading():
+    """A batch reservation made just before a window boundary charges, and
+    records for `void_op`, one window (Redis reads TIME once per script): a
+    clock read per request would charge one window and record another, and
+    voiding would then take the charge out of the wrong one."""
+    readings = iter(119.998 + 0.001 * i for i in range(100))
+    store = MemoryStore(clock=lambda: next(readings))
+    reqs = [("b", {"requests": 1}, {"requests": 9})] * 3
+    decisions = await store.consume_windows(reqs, 60, op="edge")
+    assert [d.used["requests"] for d in decisions] == [1.0, 2.0, 3.0]  # one window, one elapsed share
+    assert await store.void_op("edge", 60) is True
+    assert all(v == 0.0 for window in store._windows.values() for v in window.values())
