@@ -22,6 +22,12 @@ def telemetry_counters_key(tenant: str, replica: str) -> str:
     return f"telemetry:{tenant}|{replica}"
 
 
+def telemetry_seq_key(writer: str) -> str:
+    """The last flush sequence number applied for one writer (a gateway
+    instance): what makes a resent flush count once (`Store.hincr_once`)."""
+    return f"telemetry:seq:{writer}"
+
+
 # -- budgets (gateways only) ----------------------------------------------
 def budget_key(tenant_id: str) -> str:
     """Sliding request/token window of one tenant."""

@@ -65,6 +65,7 @@ from typing import Any, Mapping
 
 from .keys import TELEMETRY_INDEX_KEY as INDEX_KEY
 from .keys import telemetry_counters_key as counters_key
+from .keys import telemetry_seq_key as seq_key
 from .knobs import RequestKnobs
 from .store import Store
 
@@ -317,6 +318,22 @@ async def record_increments(store: Store, tenant: str, replica: str, increments:
     """Add pre-summed increments (a gateway batching many requests between flushes)."""
     await store.sadd(INDEX_KEY, f"{tenant}|{replica}")
     await store.hincr(counters_key(tenant, replica), increments)
+
+
+# How long the store keeps a writer's last flush seq after its last flush: it
+# must outlive any outage a resent flush waits through (`record_flush`).
+FLUSH_SEQ_TTL_S = 86400.0
+
+
+async def record_flush(store: Store, writer: str, seq: int, batch: Mapping[tuple[str, str], Mapping[str, float]]) -> bool:
+    """Add one flush of pre-summed increments, (tenant, replica) -> increments,
+    in one atomic call; False when the store had applied this (writer, seq)
+    already. Why: a flush that timed out may have landed, so its writer sends
+    the same batch again under the same seq instead of merging it into the
+    next one, and it counts once."""
+    await store.sadd(INDEX_KEY, *(f"{tenant}|{replica}" for tenant, replica in batch))
+    increments = {counters_key(tenant, replica): inc for (tenant, replica), inc in batch.items()}
+    return await store.hincr_once(seq_key(writer), seq, increments, FLUSH_SEQ_TTL_S)
 
 
 async def record_request(store: Store, tenant: str, replica: str, stats: RequestSpecStats) -> None:

@@ -47,9 +47,11 @@ open no breaker is caught too.
 
 Telemetry: `spec_telemetry` counters are additive, so per-(tenant, replica)
 increments are summed in memory and flushed every `telemetry_flush_s`
-(and on shutdown): the controller differentiates counters over tens of
-seconds, and a Redis round trip per request would cost more than the rest of
-the gateway's work.
+(and on shutdown), one call per flush: the controller differentiates counters
+over tens of seconds, and a Redis round trip per request would cost more than
+the rest of the gateway's work. A flush that failed is sent again as it was,
+under its sequence number, so one that timed out but landed counts once
+(`contract.telemetry.record_flush`).
 """
 
 from __future__ import annotations
@@ -65,7 +67,7 @@ from typing import Any
 from contract.keys import budget_key
 from contract.settings import GatewaySettings, TenantConfig
 from contract.store import Store, WindowDecision
-from contract.telemetry import RequestSpecStats, add_increments, record_increments
+from contract.telemetry import RequestSpecStats, add_increments, record_flush
 
 from .budget_guard import BudgetGuard, StoreDown
 from .budget_writes import UncertainWrites
@@ -202,6 +204,9 @@ class Accounting:
         self._adjust: dict[str, int] = defaultdict(int)
         self._adjust_requests: dict[str, int] = defaultdict(int)
         self._telemetry: dict[tuple[str, str], dict[str, float]] = {}
+        # A telemetry batch whose call failed, under its seq: resent as it is (`flush_telemetry`).
+        self._telemetry_unsent: tuple[int, dict[tuple[str, str], dict[str, float]]] | None = None
+        self._telemetry_seq = 0
         self._loops = Loops()
         self._pending: list = []
         self._flush_scheduled = False
@@ -532,20 +537,23 @@ class Accounting:
                 return
 
     async def flush_telemetry(self) -> None:
-        """Like `flush_budgets`: increments wait here while the store is down."""
-        if not self._telemetry or not self.guard.up:
-            return
-        pending, self._telemetry = self._telemetry, {}
-        items = list(pending.items())
-        for i, ((tenant_id, replica), inc) in enumerate(items):
+        """Send what is summed here as one batch under the next seq. One whose
+        call failed is kept as it is and sent again under its seq before
+        anything newer (it may have landed: `record_flush` then applies it
+        once); increments arriving meanwhile wait for the next batch."""
+        while self.guard.up:
+            if self._telemetry_unsent is None:
+                if not self._telemetry:
+                    return
+                self._telemetry_seq += 1
+                self._telemetry_unsent = (self._telemetry_seq, self._telemetry)
+                self._telemetry = {}
+            seq, batch = self._telemetry_unsent
             try:
-                await self.guard.call(lambda t=tenant_id, r=replica, i=inc: record_increments(self.store, t, r, i))
+                await self.guard.call(lambda: record_flush(self.store, self.guard.instance, seq, batch))
             except StoreDown:
-                for key, rest in items[i:]:
-                    acc = self._telemetry.setdefault(key, {})
-                    for k, v in rest.items():
-                        acc[k] = acc.get(k, 0.0) + v
                 return
+            self._telemetry_unsent = None
 
     async def flush(self) -> None:
         await self.flush_budgets()

@@ -163,6 +163,29 @@ end
 return 1
 """
 
+# `hincr_once`: the writer's last applied seq, then every hash's increments.
+# ARGV: the seq key, seq, its lifetime in ms, then per hash: key, n fields, n
+# field, amount pairs. Returns 1 where applied, 0 where that seq had been.
+_HINCR_ONCE = """
+local seq = tonumber(ARGV[2])
+local last = tonumber(redis.call('GET', ARGV[1]) or '0')
+if seq <= last then
+  redis.call('PEXPIRE', ARGV[1], ARGV[3])
+  return 0
+end
+local i = 4
+while i <= #ARGV do
+  local key = ARGV[i]
+  local n = tonumber(ARGV[i + 1])
+  for j = i + 2, i + 2 * n, 2 do
+    redis.call('HINCRBYFLOAT', key, ARGV[j], ARGV[j + 1])
+  end
+  i = i + 2 + 2 * n
+end
+redis.call('SET', ARGV[1], ARGV[2], 'PX', ARGV[3])
+return 1
+"""
+
 # KEYS: the sorted set of members by last beat (Redis' own clock, so skewed
 # hosts agree). ARGV: member, seconds after which a silent member is gone.
 _HEARTBEAT = """
@@ -237,6 +260,7 @@ class RedisStore:
         self._consume_many = self._redis.register_script(_CONSUME_WINDOWS)
         self._adjust = self._redis.register_script(_ADJUST_WINDOW)
         self._void = self._redis.register_script(_VOID_OP)
+        self._hincr_once = self._redis.register_script(_HINCR_ONCE)
         self._heartbeat = self._redis.register_script(_HEARTBEAT)
         self._acquire = self._redis.register_script(_ACQUIRE_LOCK)
         self._release = self._redis.register_script(_RELEASE_LOCK)
@@ -275,6 +299,14 @@ class RedisStore:
     async def hgetall(self, key: str) -> dict[str, float]:
         raw = await self._redis.hgetall(self._k(key))
         return {k.decode(): float(v) for k, v in raw.items()}
+
+    async def hincr_once(self, seq_key: str, seq: int, increments: Mapping[str, Mapping[str, float]], ttl_s: float) -> bool:
+        args: list[Any] = [self._k(seq_key), int(seq), max(1, int(ttl_s * 1000))]
+        for key, mapping in increments.items():
+            args += [self._k(key), len(mapping)]
+            for field, amount in mapping.items():
+                args += [field, repr(float(amount))]
+        return int(await self._hincr_once(args=args)) == 1
 
     # -- sets and bounded logs ----------------------------------------
     async def sadd(self, key: str, *members: str) -> None:

@@ -32,6 +32,26 @@ async def test_counters_sets_and_capped_log(store):
     assert await store.recent("log", 10) == [{"i": 4}, {"i": 3}, {"i": 2}]
 
 
+async def test_increments_under_a_seq_apply_once(store):
+    """`hincr_once`: a resent call (same seq) changes nothing; a newer seq
+    applies, an older one does not; seqs are kept per seq key."""
+    batch = {"c1": {"a": 1, "b": 0.5}, "c2": {"a": 2}}
+    assert await store.hincr_once("seq:w1", 1, batch, 60) is True
+    assert await store.hincr_once("seq:w1", 1, batch, 60) is False
+    assert await store.hgetall("c1") == {"a": 1.0, "b": 0.5} and await store.hgetall("c2") == {"a": 2.0}
+    assert await store.hincr_once("seq:w1", 2, {"c1": {"a": 10}}, 60) is True
+    assert await store.hincr_once("seq:w1", 1, {"c1": {"a": 100}}, 60) is False
+    assert await store.hincr_once("seq:w2", 1, {"c1": {"a": 100}}, 60) is True  # another writer
+    assert await store.hgetall("c1") == {"a": 111.0, "b": 0.5}
+
+
+async def test_a_writers_seq_is_forgotten_after_its_ttl(store):
+    assert await store.hincr_once("seq:ttl", 5, {"c3": {"a": 1}}, 0.05) is True
+    await asyncio.sleep(0.12)
+    assert await store.hincr_once("seq:ttl", 1, {"c3": {"a": 1}}, 60) is True  # a new writer's seqs start over
+    assert await store.hgetall("c3") == {"a": 2.0}
+
+
 async def test_window_admits_until_limit_then_denies_with_retry_after(store):
     limits = {"requests": 3, "tokens": 100}
     for _ in range(3):
@@ -189,6 +209,33 @@ async def test_a_reservation_that_timed_out_can_land_and_voiding_takes_it_back(t
         assert await _charged(store, "b") == {"requests": 1.0}  # it landed, though its caller timed out
         assert await store.void_op("t1", 60) is True
         assert await _charged(store, "b") == {"requests": 0.0}
+    finally:
+        await store.close()
+        server.stop()
+
+
+async def test_increments_that_timed_out_can_land_and_their_resend_counts_once(tmp_path):
+    """Why telemetry flushes carry a seq: a real Redis, busy when the
+    increments were sent, runs them after their client gave up; the writer
+    sends the same batch again under the same seq, and it counts once."""
+    import shutil
+
+    from tests.support.private_redis import PrivateRedis
+
+    if shutil.which("redis-server") is None:
+        pytest.skip("needs redis-server")
+    server = PrivateRedis(tmp_path).start()
+    store = RedisStore(server.url, prefix="late:")
+    batch = {"c": {"requests": 2.0, "spec_steps": 7.0}}
+    try:
+        await store.hincr_once("seq:gw", 1, {"warm": {"requests": 1.0}}, 60)  # the script is loaded: EVALSHA runs
+        stall = await asyncio.to_thread(server.stall, 1.5)  # returns once the server has stopped answering
+        with pytest.raises(TimeoutError):
+            async with asyncio.timeout(0.3):
+                await store.hincr_once("seq:gw", 2, batch, 60)
+        await asyncio.to_thread(stall.join, 10)
+        assert await store.hincr_once("seq:gw", 2, batch, 60) is False  # it had landed: the resend adds nothing
+        assert await store.hgetall("c") == {"requests": 2.0, "spec_steps": 7.0}
     finally:
         await store.close()
         server.stop()

@@ -24,11 +24,13 @@ TENANT = TenantConfig(id="t", api_key_sha256="a" * 64, requests_per_minute=20, t
 
 class FlakyStore:
     """A MemoryStore that can be switched to refuse (ConnectionError) or to
-    hang (never answer) every call; counts the calls that reached it."""
+    hang (never answer) every call, or lose the replies of some methods' calls
+    (run, then time out); counts the calls that reached it."""
 
     def __init__(self, clock=None) -> None:
         self.inner = MemoryStore() if clock is None else MemoryStore(clock=clock)
         self.mode = "up"  # "up" | "refuse" | "hang"
+        self.replies_lost: set[str] = set()  # methods that run, then time out
         self.calls = 0
 
     def __getattr__(self, name):
@@ -42,7 +44,10 @@ class FlakyStore:
                 raise ConnectionError("refused")
             if self.mode == "hang":
                 await asyncio.Event().wait()
-            return await target(*args, **kwargs)
+            result = await target(*args, **kwargs)
+            if name in self.replies_lost:
+                raise TimeoutError("the call ran, its reply was lost")
+            return result
 
         return call
 
@@ -230,6 +235,31 @@ async def test_settlements_and_refunds_wait_for_the_store():
     (d,) = await store.inner.consume_windows([(budget_key("t"), {"requests": 0, "tokens": 0}, {})], 60)
     # 1 + 1 (local, reconciled) - 1 (refund) requests; 100 + 100 - 70 - 100 tokens
     assert d.used == {"requests": 1.0, "tokens": 30.0}
+
+
+async def test_a_telemetry_flush_that_failed_is_resent_as_it_was_and_counts_once():
+    """A flush whose reply was lost had landed: the same batch goes again under
+    its seq (and adds nothing), and what was recorded meanwhile follows in the
+    next batch, so every request's telemetry is counted once."""
+    from contract.telemetry import RequestSpecStats, read_all
+
+    store = FlakyStore()
+    acc = Accounting(store, 60, settings=settings())
+    stats = RequestSpecStats(prompt_tokens=3, completion_tokens=5)
+    acc.record("t", "r1", stats)
+    store.replies_lost = {"hincr_once"}
+    await acc.flush_telemetry()  # lands, then times out: the breaker opens
+    assert not acc.store_up
+    acc.record("t", "r1", stats)
+    acc.record("t", "r2", stats)
+    await acc.flush_telemetry()  # nothing goes out while the store is down
+    store.replies_lost = set()
+    await asyncio.sleep(0.35)
+    await acc.guard.beat()  # the probe closes the breaker
+    await acc.flush_telemetry()
+    counters = {c.replica: c.values for c in await read_all(store.inner)}
+    assert counters["r1"]["requests"] == 2 and counters["r1"]["completion_tokens"] == 10
+    assert counters["r2"]["requests"] == 1
 
 
 async def test_a_lease_keeps_serving_when_the_store_hangs():
