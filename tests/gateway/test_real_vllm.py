@@ -336,6 +336,11 @@ def test_killed_replica_ends_its_stream_and_requests_fail_over(
             # the test: the 60,000-token stream then failed over to the ngram replica, whose context
             # (4,096) cannot hold it, and got that replica's 400.
             wedge_after_s=30.0,
+            # The same for the stream's response headers: once (a full run, the machine starved by
+            # the drafter-training and Mooncake tests beside it, which took 5-8x their usual time)
+            # the victim's did not come within the default 30 s, and the stream got a 504 before
+            # the kill this test is about.
+            first_byte_timeout_s=120.0,
         )
         c = client(gw.v1(), KEYS["alpha"])
         model = victim.model
