@@ -538,22 +538,31 @@ class Accounting:
 
     async def flush_telemetry(self) -> None:
         """Send what is summed here as one batch under the next seq. One whose
-        call failed is kept as it is and sent again under its seq before
-        anything newer (it may have landed: `record_flush` then applies it
-        once); increments arriving meanwhile wait for the next batch."""
-        while self.guard.up:
-            if self._telemetry_unsent is None:
-                if not self._telemetry:
-                    return
-                self._telemetry_seq += 1
-                self._telemetry_unsent = (self._telemetry_seq, self._telemetry)
-                self._telemetry = {}
-            seq, batch = self._telemetry_unsent
-            try:
-                await self.guard.call(lambda: record_flush(self.store, self.guard.instance, seq, batch))
-            except StoreDown:
-                return
-            self._telemetry_unsent = None
+        call failed is kept as it is and sent again under its seq first (it
+        may have landed: `record_flush` then applies it once); increments
+        arriving meanwhile wait for the next batch. One batch per call: a
+        busy gateway that flushed again whenever more had arrived during the
+        round trip would flush back to back."""
+        if self._telemetry_unsent is not None and not await self._send_telemetry():
+            return
+        if not self._telemetry or not self.guard.up:
+            return
+        self._telemetry_seq += 1
+        self._telemetry_unsent = (self._telemetry_seq, self._telemetry)
+        self._telemetry = {}
+        await self._send_telemetry()
+
+    async def _send_telemetry(self) -> bool:
+        """The unsent batch, under its seq; kept when the store is down."""
+        if not self.guard.up:
+            return False
+        seq, batch = self._telemetry_unsent
+        try:
+            await self.guard.call(lambda: record_flush(self.store, self.guard.instance, seq, batch))
+        except StoreDown:
+            return False
+        self._telemetry_unsent = None
+        return True
 
     async def flush(self) -> None:
         await self.flush_budgets()

@@ -150,3 +150,32 @@ async def test_settling_into_a_live_lease_keeps_the_window_exact(store):
         await asyncio.sleep(0.001)
     await acc.stop()  # returns the lease and flushes adjustments
     assert (await _window_used(store))["tokens"] == 20 * 7
+
+
+async def test_a_telemetry_flush_sends_one_batch_even_when_more_arrives_meanwhile():
+    """What finishes during a flush's round trip waits for the next flush: a
+    busy gateway must not flush back to back (measured: a flush repeated while
+    anything had arrived cost 2-4 % of its throughput)."""
+    from contract.telemetry import RequestSpecStats, read_all
+
+    store = MemoryStore()
+    acc = Accounting(store, 60, settings=STORE_UP)
+    stats = RequestSpecStats(prompt_tokens=3, completion_tokens=5)
+    real = store.hincr_once
+    calls = 0
+
+    async def a_request_finishes_meanwhile(*args, **kwargs):
+        nonlocal calls
+        calls += 1
+        if calls <= 3:  # bounded: a flush that looped on arrivals would still end
+            acc.record("t", "r", stats)
+        return await real(*args, **kwargs)
+
+    store.hincr_once = a_request_finishes_meanwhile
+    acc.record("t", "r", stats)
+    await acc.flush_telemetry()
+    assert calls == 1
+    (counters,) = await read_all(store)
+    assert counters.get("requests") == 1  # the one recorded during the call is in the next batch
+    await acc.flush_telemetry()
+    assert calls == 2
