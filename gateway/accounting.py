@@ -323,7 +323,7 @@ class Accounting:
     async def _send_batch(self, batch) -> None:
         try:
             requests = [(k, c, l) for k, c, l, _ in batch]
-            decisions = await self.writes.run(lambda op: self.store.consume_windows(requests, self.window_s, op), self.guard.call)
+            decisions = await self._consume(requests)
         except BaseException as exc:
             for *_, fut in batch:
                 if not fut.done():
@@ -334,6 +334,15 @@ class Accounting:
         for (*_, fut), decision in zip(batch, decisions):
             if not fut.done():
                 fut.set_result(decision)
+
+    async def _consume(self, requests) -> list[WindowDecision]:
+        """One voidable batch reservation (`budget_writes`) through the breaker."""
+        return await self.writes.run(lambda op: self.store.consume_windows(requests, self.window_s, op), self.guard.call)
+
+    async def _adjust_window(self, tenant_id: str, deltas: dict[str, int], via) -> None:
+        """One voidable adjustment of a tenant's window (`budget_writes`),
+        through `via`: the guard's `call`, or `bounded` inside a recovery."""
+        await self.writes.run(lambda op: self.store.adjust_window(budget_key(tenant_id), deltas, self.window_s, op), via)
 
     # -- leases -------------------------------------------------------
     def _maybe_refill(self, tenant: TenantConfig, lease: _Lease, now: float) -> None:
@@ -370,7 +379,7 @@ class Accounting:
         rpm, tpm = tenant.requests_per_minute, tenant.tokens_per_minute
         slice_ = [(budget_key(tenant.id), {"requests": want_r, "tokens": want_t}, {"requests": rpm, "tokens": tpm})]
         try:
-            (decision,) = await self.writes.run(lambda op: self.store.consume_windows(slice_, self.window_s, op), self.guard.call)
+            (decision,) = await self._consume(slice_)
         except StoreDown:
             lease.retry_at = time.monotonic() + self.lease_s  # the guard logged the outage once
             return
@@ -431,10 +440,7 @@ class Accounting:
         """At once when the store answers (the next request may need the
         room); otherwise queued with the other adjustments."""
         try:
-            await self.writes.run(
-                lambda op: self.store.adjust_window(budget_key(tenant_id), {"requests": -1, "tokens": -reserved}, self.window_s, op),
-                self.guard.call,
-            )
+            await self._adjust_window(tenant_id, {"requests": -1, "tokens": -reserved}, self.guard.call)
         except StoreDown:
             self._adjust_requests[tenant_id] -= 1
             self._adjust[tenant_id] -= reserved
@@ -464,9 +470,7 @@ class Accounting:
             while owed:
                 tenant_id, deltas = next(iter(owed.items()))
                 try:
-                    await self.writes.run(
-                        lambda op, t=tenant_id, d=deltas: self.store.adjust_window(budget_key(t), d, self.window_s, op), self.guard.bounded
-                    )
+                    await self._adjust_window(tenant_id, deltas, self.guard.bounded)
                 except BaseException:
                     self.local.give_back(owed)
                     raise
@@ -527,9 +531,7 @@ class Accounting:
             if not deltas:
                 continue
             try:
-                await self.writes.run(
-                    lambda op, t=tenant_id, d=deltas: self.store.adjust_window(budget_key(t), d, self.window_s, op), self.guard.call
-                )
+                await self._adjust_window(tenant_id, deltas, self.guard.call)
             except StoreDown:
                 for rest in tenants[i:]:
                     self._adjust_requests[rest] += pending_r.get(rest, 0)
