@@ -172,11 +172,10 @@ class MemoryStore:
         if self._record(op) is not None:
             return  # applied before, or voided
         now = self._clock()
-        _, _, current, _ = self._window_usage(key, window_s, now)
+        index, _, current, _ = self._window_usage(key, window_s, now)
         for field, delta in deltas.items():
             current[field] = current.get(field, 0.0) + delta
         if op is not None:
-            index = int(now // window_s)
             self._ops[op] = _OpRecord(now + window_s * 2 + 1, [((key, index), f, d) for f, d in deltas.items()])
 
     async def void_op(self, op: str, window_s: int = 60) -> bool:
