@@ -16,8 +16,11 @@ The heartbeat also tells this instance how many gateway instances are live
 sizes its local share during an outage, and detects an outage with no
 traffic at all (so `/ready` and `specgate_budget_store_up` tell the truth).
 
-Logging: one line when the store goes down, one when it is back; never one
-per request, never a traceback.
+Logging: one line when the store goes down, one when it is back, and one
+the first time in an outage that the store answers a probe but the
+reconciliation fails (the store then looks up and the gateway still says
+down: the line says why); never one per request or per probe, never a
+traceback.
 """
 
 from __future__ import annotations
@@ -123,6 +126,7 @@ class BudgetGuard:
         # Called after a successful probe, before the breaker closes; returns
         # fields for the "back up" log line. Raising keeps the store down.
         self.on_recover: Callable[[], Awaitable[dict]] | None = None
+        self._said_reconcile_failed = False  # this outage's reconciliation failure is logged
         self._task: asyncio.Task | None = None
         self._set_up_gauge(True)
 
@@ -165,11 +169,18 @@ class BudgetGuard:
             fields = await self.on_recover() if self.on_recover is not None else {}
         except STORE_ERRORS as exc:
             self._failed(exc)
+            if not self._said_reconcile_failed:
+                self._said_reconcile_failed = True
+                log.warning(
+                    "budget store answered a probe; its reconciliation failed, kept for the next probe",
+                    extra={"fields": {"error": type(exc).__name__, "retry_s": self.breaker.retry_s}},
+                )
             return
         except BaseException:
             self.breaker.probe_ended()
             raise
         down_s = self.breaker.recovered(self._clock())
+        self._said_reconcile_failed = False
         self._set_up_gauge(True)
         log.info("budget store back up", extra={"fields": {"down_s": round(down_s, 1), **fields}})
 

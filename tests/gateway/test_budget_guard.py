@@ -194,7 +194,7 @@ async def test_local_mode_enforces_the_share_and_reconciles():
     assert acc.local.take() == {}  # paid once
 
 
-async def test_reconciliation_that_fails_is_kept_for_the_next_probe():
+async def test_reconciliation_that_fails_is_kept_for_the_next_probe(budget_log):
     store = FlakyStore()
     acc = Accounting(store, 60, settings=settings())
     store.mode = "refuse"
@@ -207,13 +207,22 @@ async def test_reconciliation_that_fails_is_kept_for_the_next_probe():
 
     store.mode = "up"
     store.inner.adjust_window = failing_adjust
-    await asyncio.sleep(0.35)
-    await acc.guard.beat()  # the probe succeeds, the reconciliation does not
-    assert not acc.store_up
+    for _ in range(2):  # two probes the store answers, two reconciliations that fail
+        await asyncio.sleep(0.35)
+        await acc.guard.beat()
+        assert not acc.store_up
     store.inner.adjust_window = real_adjust
     await asyncio.sleep(0.35)
     await acc.guard.beat()
     assert acc.store_up and await _window_requests(store.inner) == 3
+    # Why it stayed down although the store answered: said once per outage, no traceback.
+    said = [(r.getMessage(), r.levelno) for r in budget_log()]
+    assert said == [("budget store down", logging.WARNING),
+                    ("budget store answered a probe; its reconciliation failed, kept for the next probe",
+                     logging.WARNING),
+                    ("budget store back up", logging.INFO)]
+    assert budget_log()[1].fields["error"] == "ConnectionError"
+    assert all(r.exc_info is None for r in budget_log())
 
 
 async def test_settlements_and_refunds_wait_for_the_store():
