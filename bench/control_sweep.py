@@ -652,7 +652,7 @@ def main() -> None:
                          "ngram-k8); naming the K tables' profile (dspark-b8) compares the two policies on one launch")
     ap.add_argument("--points", type=str, default="", help="comma-separated sweep concurrencies (default: all)")
     ap.add_argument("--warm", type=float, default=0.0,
-                    help="sweep warm-up seconds for every policy (default 600; --quick 120)")
+                    help="sweep warm-up seconds for every policy (default 900; --quick 120)")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
                     help="simulations run in parallel processes (default: one per CPU)")
     ap.add_argument("--config", type=str, default=None,
@@ -676,10 +676,12 @@ def main() -> None:
     # Same measurement window for every policy (the request sample differs
     # between windows); long enough for the controller's restarts to settle.
     # Sweep points are steady states: the controller's restarts are
-    # payback-gated (a +6 % profile change on a near-idle fleet waits ~6 min,
-    # by design, see controller.actuation.PlanGate), so the default warm-up
-    # lets them happen; the phase trace (b) is where adaptation speed counts.
-    warm = args.warm or (120.0 if args.quick else 600.0)
+    # payback-gated, the way back included (a +8 % profile change on a
+    # near-idle fleet waits ~10 min, by design, see controller.actuation.PlanGate;
+    # measured 2026-12-08: both replicas converted by 678 s at c=1 and 634 s at
+    # c=64), so the default warm-up lets them happen; the phase trace (b) is
+    # where adaptation speed counts.
+    warm = args.warm or (120.0 if args.quick else 900.0)
     print("specgate controller benchmark -- SIMULATION (drafters.sim discrete-event model; H200 + Qwen3-8B roofline)")
     print(f"fleet: {kind.name} ({', '.join(kind.statics)}), {REPLICAS} replicas per policy. controller fleet starts as "
           f"{REPLICAS}x {kind.controller_start}; it acts by "

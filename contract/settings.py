@@ -432,7 +432,8 @@ class RestartGateSettings(_Strict):
     and what carries the restart out (`actuator`)."""
 
     restart_s: float = Field(default=30.0, gt=0, description="a replica's downtime for one restart")
-    payback: float = Field(default=1.0, gt=0, description="multiple of the downtime the streak's credit must reach")
+    payback: float = Field(default=1.0, gt=0, description="multiple of the downtime the streak's credit must reach, each way: "
+                           "the restart and the one back when the regime ends")
     min_gain: float = Field(default=1.05, ge=1, description="mean predicted gain over the streak")
     min_interval_s: float = Field(default=120.0, ge=0, description="no replica restarted again within this")
     min_confirm_s: float = Field(default=30.0, ge=0, description="shortest streak that may trigger a restart")

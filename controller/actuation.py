@@ -238,7 +238,7 @@ def recommendation(
         elif o["pays_back_in_s"] is None:
             when = f"does not pay back at this gain (the gate needs a mean gain of {o['min_gain']:.2f}x)"
         else:
-            when = f"pays back its restart in ~{o['pays_back_in_s']:.0f} s"
+            when = f"pays back its restart and the way back in ~{o['pays_back_in_s']:.0f} s"
         steps.append({"replica": name, "from_profile": r.profile, "to_profile": o["profile"], "action": what,
                       **{k: o[k] for k in ("gain", "downtime_loss", "cost_s", "credit_s", "streak_s", "pays_back_in_s")},
                       "explanation": f"{what}: {why}; {when}"})
@@ -282,37 +282,47 @@ class PlanGate:
     `downtime_loss` (share of the replica's goodput the fleet loses while
     it is away). So a recommendation is acted on only when its predicted
     gain repays the lost capacity over the time it can be expected to last. How long a regime
-    will last is unknown; the estimate used is how long it has already
-    lasted (the recommendation's stable streak, a Lindy-style guess):
-    restart once
+    will last is unknown; the first estimate is how long it has already
+    lasted (the recommendation's stable streak, a Lindy-style guess). The
+    one-way charge, what the streak's credit must reach before anything else
+    is asked, is
 
         integral over the streak of (gain - 1) dt >= payback * restart_s * max(downtime_loss, min_loss)
 
-    so at full loss a +5 % recommendation waits ~10 min, a +50 % one ~1 min,
+    and the way back (below) doubles it while no regime has been seen to end:
+    so at full loss a +5 % recommendation waits ~20 min, a +50 % one ~2 min,
     and a regime that flips every few minutes never triggers restarts. The
     charge never falls below `min_loss` of a downtime, however idle the
     fleet: a restart made for a regime may have to be undone when the regime
     ends, at whatever load then holds (simulated phase trace: with 0.6 the
     fleet converted to b16 late in a c=4 phase and lost 14 % in the c=48
     phase that followed; at 0.8 a +7 % recommendation on an idle fleet
-    waits ~6 min). Also: a mean gain over the streak of at least `min_gain`,
+    waits ~11 min). Also: a mean gain over the streak of at least `min_gain`,
     one replica at a time, none restarted within `min_interval_s`.
 
-    Where regimes have been seen to end (a recommendation's streak of at
-    least `min_confirm_s` gone past the grace without being acted on; the
-    last `REGIME_HISTORY`), how long this one will last is read from them as
-    well (`expected_left_s`: like one of the n seen, or like none of them, the
-    Lindy guess, each with chance 1 / (n + 1)), and a restart must then pay
-    for its way back too, at the streak's mean gain:
+    Every regime ends, and a restart made for one is undone when it does, so a
+    restart must pay for its way back too, at the streak's mean gain, over the
+    time this regime is expected to last (`expected_left_s`):
 
         (credit / streak) x expected_left >= 2 x payback x restart_s x max(downtime_loss, min_loss)
 
-    so a regime that outlasts every one seen still waits (n + 1) times the
-    one-way time. Why: simulated, phases of 120 s where the drafter's pass made `off`
-    +58 % at 256 requests converted both replicas to `off` 59 and 95 s into
-    one; the c=16 phase after it ran on `off` at 3406 tok/s where the
-    speculative fleet delivered 6337, and the way back waited out
+    That time is read from the regimes seen to end (a recommendation's streak
+    of at least `min_confirm_s` gone past the grace without being acted on;
+    the last `REGIME_HISTORY`): like one of the n seen, or like none of them
+    (the Lindy guess: as long again), each with chance 1 / (n + 1). With none
+    seen yet that is the Lindy guess alone, and the rule reads credit >= 2 x
+    the one-way charge; a regime that outlasts every one seen waits (n + 1)
+    times that. Why both: simulated, phases of 120 s where the drafter's pass
+    made `off` +58 % at 256 requests converted both replicas to `off` 59 and
+    95 s into one; the c=16 phase after it ran on `off` at 3406 tok/s where
+    the speculative fleet delivered 6337, and the way back waited out
     `min_interval_s` (whole trace 5352 tok/s against 6762 without restarts).
+    And with no regime seen yet the gate used to charge the one way only: in
+    the same trace with 240-s phases (as modelled), a predicted +10 % for
+    `dspark-b16-av` at 4 requests (+4 % simulated) converted a replica 236 s
+    into the first phase, 4 s before the load rose to 48 requests, where b16
+    is the worst profile; two more restarts followed and the trace delivered
+    7528 tok/s where the same controller without restarts delivered 7976.
     """
 
     def __init__(self, settings: RestartGateSettings | None = None, order: Callable[[str], Any] | None = None,
@@ -349,24 +359,22 @@ class PlanGate:
         """`credit`: the predicted advantage accumulated over the streak, integral of (gain - 1) dt;
         its mean over the streak must reach `min_gain` (a gain that hovers around the
         margin earns less, but single ticks below it do not end the streak)."""
-        mean_ok = streak_s > 0 and credit / streak_s >= self.min_gain - 1.0
+        # (A credit summed tick by tick carries rounding: a gain held at exactly min_gain passes.)
+        mean_ok = streak_s > 0 and credit / streak_s >= self.min_gain - 1.0 - 1e-9
         cost = self.cost_s(downtime_loss)
         return streak_s >= self.min_confirm_s and credit >= cost and mean_ok and self._outlasts(credit, streak_s, cost)
 
-    def expected_left_s(self, streak_s: float) -> float | None:
+    def expected_left_s(self, streak_s: float) -> float:
         """How much longer a regime that has lasted `streak_s` is expected to, from the n
         regimes seen to end: like each of them with chance 1 / (n + 1) (what it had left
         at this age, 0 if it was over by then), unlike all of them with 1 / (n + 1) (the
-        Lindy guess: as long again). None where none has ended: the Lindy guess alone."""
-        if not self._ended:
-            return None
+        Lindy guess: as long again). Where none has ended, the Lindy guess alone: `streak_s`."""
         return (sum(max(d - streak_s, 0.0) for d in self._ended) + streak_s) / (len(self._ended) + 1)
 
     def _outlasts(self, credit: float, streak_s: float, cost: float) -> bool:
-        """With regimes seen to end: the streak's mean gain over the time it is expected
-        to last pays for the restart and for the one back (see the class docstring)."""
-        left = self.expected_left_s(streak_s)
-        return left is None or (streak_s > 0 and credit / streak_s * left >= 2.0 * cost)
+        """The streak's mean gain over the time the regime is expected to last pays for
+        the restart and for the one back (see the class docstring)."""
+        return streak_s > 0 and credit / streak_s * self.expected_left_s(streak_s) >= 2.0 * cost
 
     def cost_s(self, downtime_loss: float) -> float:
         """Seconds of the replica's goodput its restart is charged (the credit a streak must earn)."""
@@ -399,7 +407,7 @@ class PlanGate:
                 "profile": r.recommended_profile, "gain": r.recommended_gain, "downtime_loss": r.downtime_loss,
                 "charged_loss": charged, "restart_s": self.restart_s, "min_gain": self.min_gain,
                 "cost_s": round(cost, 3), "credit_s": round(credit, 3), "streak_s": round(streak, 3),
-                "expected_left_s": None if (left := self.expected_left_s(streak)) is None else round(left, 1),
+                "expected_left_s": round(self.expected_left_s(streak), 1),
                 "pays_back_in_s": self._eta(name, rate[r.recommended_profile], credit, streak, cost, now),
             }
         return out
@@ -419,7 +427,7 @@ class PlanGate:
         if not self._outlasts(credit + g * t, streak + t, cost):
             # The way back binds: scan while the regimes seen still end within the streak,
             # then the expected rest grows as (streak + t) / (n + 1).
-            longest = max(self._ended)
+            longest = max(self._ended, default=0.0)
             step = max(1.0, (longest - streak - t) / 200.0)  # a bounded scan, whatever the regimes' length
             while streak + t < longest and not self._outlasts(credit + g * t, streak + t, cost):
                 t += step

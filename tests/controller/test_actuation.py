@@ -28,10 +28,12 @@ def first_action_time(gate: PlanGate, plan, until: float = 3600.0) -> float | No
 
 
 def test_the_wait_scales_with_the_predicted_gain():
-    # (gain - 1) * streak >= restart_s: +50 % -> 60 s, +10 % -> 300 s, +5 % -> 600 s.
-    for gain, expected in [(1.5, 60.0), (1.1, 300.0), (1.05, 600.0)]:
+    # No regime seen to end yet: the Lindy guess (as long again) must pay the restart and the
+    # way back, (gain - 1) * streak >= 2 x restart_s: +50 % -> 120 s, +10 % -> 600 s, +5 % -> 1200 s.
+    for gain, expected in [(1.5, 120.0), (1.1, 600.0), (1.05, 1200.0)]:
         gate = PlanGate(restart_s=30.0)
-        assert first_action_time(gate, lambda t: {"r0": ("off", gain)}) == expected, gain
+        # (to the tick: the credit is summed a tick at a time)
+        assert first_action_time(gate, lambda t: {"r0": ("off", gain)}) == pytest.approx(expected, abs=1.0), gain
 
 
 def test_a_strong_recommendation_still_waits_the_minimum_confirmation():
@@ -54,19 +56,19 @@ def test_a_regime_that_keeps_changing_never_pays_back():
 
 
 def test_one_restart_at_a_time_and_none_while_busy():
-    gate = PlanGate(restart_s=30.0)  # gain 2.0 at full loss: 30 s of credit
+    gate = PlanGate(restart_s=30.0)  # gain 2.0 at full loss: 60 s of credit (the restart and the way back)
     regimes = {n: regime(n, "dspark-b8-av", "off", 2.0) for n in ("r0", "r1")}
     for t in range(0, 30):
         assert gate.actions(regimes, float(t), busy={"r9"} if t >= 25 else frozenset()) == []
     # Busy from 25 s (another replica restarting): no credit earned, none lost.
-    # 24 s of credit before, 5 s frozen: 6 more seconds.
-    for t in range(30, 35):
+    # 24 s of credit before, 5 s frozen: 36 more seconds.
+    for t in range(30, 65):
         assert gate.actions(regimes, float(t)) == [], t
-    assert gate.actions(regimes, 35.0) == [("r0", "off")]
+    assert gate.actions(regimes, 65.0) == [("r0", "off")]
     # The fleet-wide streak carries over: r1 follows on the next tick.
-    assert gate.actions(regimes, 36.0) == [("r1", "off")]
+    assert gate.actions(regimes, 66.0) == [("r1", "off")]
     # r0 again (its restart is not visible in this test's regimes): the per-replica interval holds it back.
-    assert gate.actions(regimes, 100.0) == []
+    assert gate.actions(regimes, 130.0) == []
 
 
 def test_the_cost_of_downtime_follows_the_load():
@@ -79,8 +81,8 @@ def test_the_cost_of_downtime_follows_the_load():
             if gate.actions({"r0": r}, float(t)):
                 return float(t)
         return None
-    assert wait(1.0) == pytest.approx(300.0, abs=1.0)
-    assert wait(0.5) == wait(0.05) == pytest.approx(150.0, abs=1.0)
+    assert wait(1.0) == pytest.approx(600.0, abs=1.0)
+    assert wait(0.5) == wait(0.05) == pytest.approx(300.0, abs=1.0)
 
 
 def test_a_gain_dipping_below_the_margin_briefly_keeps_its_streak():
@@ -88,7 +90,7 @@ def test_a_gain_dipping_below_the_margin_briefly_keeps_its_streak():
     # 3 s of every 20 the plan keeps the current profile (its gain fell under the plan's margin).
     dips = lambda t: {"r0": ("dspark-b8-av", 1.0) if t % 20 < 3 else ("off", 1.1)}  # noqa: E731
     fired = first_action_time(gate, dips)
-    assert fired is not None and fired < 400.0
+    assert fired is not None and fired < 700.0  # 600 s without dips
 
 
 def test_a_recommendation_gone_longer_than_the_grace_starts_over():
@@ -98,7 +100,7 @@ def test_a_recommendation_gone_longer_than_the_grace_starts_over():
     # regime seen to end charges the way back too: 0.1 x (streak / 2) >= 2 x 30 s at a 1200-s streak.
     assert first_action_time(gate, gone) == pytest.approx(1460.0, abs=1.0)
     without_history = PlanGate(restart_s=30.0, grace_s=15.0)
-    assert first_action_time(without_history, lambda t: {"r0": ("off", 1.1)}) == 300.0
+    assert first_action_time(without_history, lambda t: {"r0": ("off", 1.1)}) == 600.0
 
 
 def test_where_regimes_are_seen_to_end_a_restart_must_also_pay_for_the_way_back():
@@ -119,28 +121,28 @@ def test_where_regimes_are_seen_to_end_a_restart_must_also_pay_for_the_way_back(
     assert first_action_time(PlanGate(restart_s=30.0), phases(360.0)) is None
     fired = first_action_time(PlanGate(restart_s=30.0), phases(3600.0))
     assert fired == 240.0 + 311.0
-    # Without regimes seen to end, the one-way payback (the Lindy guess) fires in under a minute.
-    assert first_action_time(PlanGate(restart_s=30.0), lambda t: {"r0": ("off", 1.58)}) == 52.0
+    # Without regimes seen to end, the Lindy guess alone: 0.58 x streak >= 2 x 30 s.
+    assert first_action_time(PlanGate(restart_s=30.0), lambda t: {"r0": ("off", 1.58)}) == 104.0
 
 
 def test_a_streak_ended_by_the_restart_it_asked_for_is_no_regime_length():
     gate = PlanGate(restart_s=30.0)
     regimes = {"r0": regime("r0", "dspark-b8-av", "off", 2.0)}
-    fired = [t for t in range(0, 40) if gate.actions(regimes, float(t))]
-    assert fired == [30]
+    fired = [t for t in range(0, 70) if gate.actions(regimes, float(t))]
+    assert fired == [60]
     done = {"r0": regime("r0", "off", "off", 1.0)}  # converted: nothing wanted any more
-    for t in range(40, 100):
+    for t in range(70, 130):
         gate.actions(done, float(t))
-    assert gate.expected_left_s(5.0) is None  # nothing recorded: no regime was seen to end
+    assert gate.expected_left_s(5.0) == 5.0  # nothing recorded, no regime was seen to end: the Lindy guess
     # An unacted streak that ends is one.
-    for t in range(100, 110):
+    for t in range(130, 140):
         gate.actions({"r0": regime("r0", "off", "dspark-b4-av", 1.01)}, float(t))
-    for t in range(110, 200):
+    for t in range(140, 230):
         gate.actions(done, float(t))
-    assert gate.expected_left_s(4.0) is None  # 9 s: a flap, shorter than min_confirm_s
-    for t in range(200, 260):
+    assert gate.expected_left_s(4.0) == 4.0  # 9 s: a flap, shorter than min_confirm_s
+    for t in range(230, 290):
         gate.actions({"r0": regime("r0", "off", "dspark-b4-av", 1.01)}, float(t))
-    for t in range(260, 300):
+    for t in range(290, 330):
         gate.actions(done, float(t))
     assert gate.expected_left_s(40.0) == pytest.approx((59.0 - 40.0 + 40.0) / 2)  # it lasted 59 s
 
@@ -179,23 +181,23 @@ def test_plan_gate_from_settings_has_the_constructor_defaults():
 
 async def test_gated_actuator_restarts_when_the_gate_fires_and_documents_it():
     action = RecordingRestart()
-    act = GatedActuator(PlanGate(restart_s=30.0), action)  # gain 2.0 at full loss: 30 s of credit
-    docs = [await act.apply(regimes_at(2.0), float(t)) for t in range(0, 31)]
-    assert all(d["restart_now"] is None for d in docs[:30])
-    assert docs[30]["restart_now"] == ["r0", "off"] and action.calls == [("r0", "off")]
-    assert docs[30]["actuator"] == "recording" and set(docs[30]["replicas"]) == {"r0", "r1"}
-    assert docs[30]["replicas"]["r0"]["recommended_profile"] == "off"
-    assert docs[30]["restarting"] == ["r0"]
-    assert docs[30]["last_restart"] == {"replica": "r0", "profile": "off", "age_s": 0.0}
-    assert act.restarts == [(30.0, "r0", "off")]
+    act = GatedActuator(PlanGate(restart_s=30.0), action)  # gain 2.0 at full loss: 60 s of credit
+    docs = [await act.apply(regimes_at(2.0), float(t)) for t in range(0, 61)]
+    assert all(d["restart_now"] is None for d in docs[:60])
+    assert docs[60]["restart_now"] == ["r0", "off"] and action.calls == [("r0", "off")]
+    assert docs[60]["actuator"] == "recording" and set(docs[60]["replicas"]) == {"r0", "r1"}
+    assert docs[60]["replicas"]["r0"]["recommended_profile"] == "off"
+    assert docs[60]["restarting"] == ["r0"]
+    assert docs[60]["last_restart"] == {"replica": "r0", "profile": "off", "age_s": 0.0}
+    assert act.restarts == [(60.0, "r0", "off")]
     # While the action reports a replica restarting the gate holds: nothing else restarts.
-    for t in range(31, 60):
+    for t in range(61, 90):
         doc = await act.apply(regimes_at(2.0), float(t))
         assert doc["restart_now"] is None and doc["restarting"] == ["r0"]
     assert doc["last_restart"]["age_s"] == 29.0
     # Done: the fleet-wide streak carries over to the next replica at once.
     action.busy_now = set()
-    doc = await act.apply(regimes_at(2.0, names=("r1",)), 60.0)
+    doc = await act.apply(regimes_at(2.0, names=("r1",)), 90.0)
     assert doc["restart_now"] == ["r1", "off"] and action.calls[-1] == ("r1", "off")
 
 
@@ -207,8 +209,8 @@ async def test_hold_freezes_the_gate():
     for t in range(20, 200):  # paused controller: no restart, no credit earned, none lost
         assert (await act.apply(regimes_at(2.0), float(t), hold=True))["restart_now"] is None
     assert action.calls == []
-    fired = [t for t in range(200, 240) if (await act.apply(regimes_at(2.0), float(t)))["restart_now"]]
-    assert fired and fired[0] == 210  # 19 s of credit before the pause (0..19), 11 more after it
+    fired = [t for t in range(200, 260) if (await act.apply(regimes_at(2.0), float(t)))["restart_now"]]
+    assert fired and fired[0] == 240  # 19 s of credit before the pause (0..19), 41 more after it
 
 
 async def test_shipped_actuator_records_the_restart_it_would_make():
@@ -216,17 +218,17 @@ async def test_shipped_actuator_records_the_restart_it_would_make():
     act = default_actuator(Settings().controller.restart_gate)
     assert isinstance(act.restart, NoopRestart) and act.name == "recommend"
     store = MemoryStore()
-    for t in range(0, 61):
+    for t in range(0, 121):
         doc = await store_fleet_plan(store, regimes_at(1.5, names=("r0",)), act, float(t))
         if doc["restart_now"]:
             break
-    # +50 % at full loss of the default 30 s restart: 30 s of credit, 60 s of streak.
-    assert t == 60 and doc["restart_now"] == ["r0", "off"]
+    # +50 % at full loss of the default 30 s restart, and its way back: 60 s of credit, 120 s of streak.
+    assert t == 120 and doc["restart_now"] == ["r0", "off"]
     stored = await store.get_json(FLEET_PLAN_KEY)
     assert stored == doc and stored["actuator"] == "recommend" and stored["restarting"] == []
     assert act.restart.recorded == [("r0", "off")]
     # Nothing restarted, so the plan stands; the per-replica interval keeps the record quiet.
-    doc = await store_fleet_plan(store, regimes_at(1.5, names=("r0",)), act, 61.0)
+    doc = await store_fleet_plan(store, regimes_at(1.5, names=("r0",)), act, 121.0)
     assert doc["restart_now"] is None and doc["last_restart"]["replica"] == "r0"
 
 
@@ -236,16 +238,16 @@ async def test_shipped_actuator_records_the_restart_it_would_make():
 async def test_the_explanation_predicts_when_the_gate_fires():
     act = GatedActuator(PlanGate(restart_s=30.0), NoopRestart())
     regs = regimes_at(1.5, names=("r0",))
-    for t in range(0, 60):
+    for t in range(0, 120):
         doc = await act.apply(regs, float(t))
         step = doc["recommendation"]["steps"][0]
-        # +50 % at full loss repays the 30 s restart after 60 s: the forecast counts down to it.
-        assert t + step["pays_back_in_s"] == pytest.approx(60.0), t
+        # +50 % at full loss repays the 30 s restart and the one back after 120 s: the forecast counts down to it.
+        assert t + step["pays_back_in_s"] == pytest.approx(120.0), t
         assert step["cost_s"] == 30.0 and step["credit_s"] == pytest.approx(0.5 * t)
     assert doc["recommendation"]["summary"] == (
         "restart r0 (dspark-b8-av) as off: predicted 1.50x goodput per converted replica; the restart costs ~30 s "
-        "of its goodput (30 s down x 100% lost); pays back its restart in ~1 s")
-    doc = await act.apply(regs, 60.0)
+        "of its goodput (30 s down x 100% lost); pays back its restart and the way back in ~1 s")
+    doc = await act.apply(regs, 120.0)
     assert doc["restart_now"] == ["r0", "off"]
     assert doc["recommendation"]["summary"].endswith("paid back: converting now")
 
@@ -282,7 +284,7 @@ async def test_pool_replicas_are_explained_as_pool_scaling_in_recommend_mode():
     assert [s["replica"] for s in rec["steps"]] == ["vllm-dspark-b8-0", "vllm-dspark-b8-1"]
     assert rec["summary"].startswith("scale vllm-dspark-b8 2->1 and vllm-dspark-b8-av 0->1: predicted 1.18x goodput "
                                      "per converted replica")
-    assert "pays back its restart in ~167 s" in rec["summary"] and rec["summary"].endswith("(then 1 more replica to convert)")
+    assert "pays back its restart and the way back in ~333 s" in rec["summary"] and rec["summary"].endswith("(then 1 more replica to convert)")
     assert doc["actuator"] == "recommend" and "action" not in doc
 
 

@@ -223,7 +223,8 @@ async def test_an_unreachable_api_server_is_recorded(action, sim):
 
 
 async def test_gate_and_action_move_the_pools_as_the_plan_says(sim, action):
-    act = GatedActuator(PlanGate(restart_s=30.0, order=pool_order("vllm-")), action, "vllm-")
+    # A 15-s restart: at +100 % the restart and the way back (2 x 15 s) are paid after 30 s.
+    act = GatedActuator(PlanGate(restart_s=15.0, order=pool_order("vllm-")), action, "vllm-")
 
     def plan(b8: int, av: int) -> dict[str, ReplicaRegime]:
         """What the controller sees live: b8 replicas told to become b8-av (gain 2.0), the off one staying."""
@@ -237,8 +238,8 @@ async def test_gate_and_action_move_the_pools_as_the_plan_says(sim, action):
     docs.append(await act.apply(plan(2, 0), 30.0))
     assert docs[0]["recommendation"]["summary"].startswith(
         "scale vllm-dspark-b8 2->1 and vllm-dspark-b8-av 0->1: predicted 2.00x goodput per converted replica")
-    assert "pays back its restart in ~30 s" in docs[0]["recommendation"]["summary"]
-    # At 30 s of +100 % the 30 s restart has paid back: the highest ordinal goes (what the StatefulSet removes).
+    assert "pays back its restart and the way back in ~30 s" in docs[0]["recommendation"]["summary"]
+    # At 30 s of +100 % the 15-s restart and the one back have paid back: the highest ordinal goes (what the StatefulSet removes).
     assert docs[30]["restart_now"] == ["vllm-dspark-b8-1", "dspark-b8-av"]
     assert sim.replicas() == {"vllm-dspark-b8": 1, "vllm-dspark-b8-av": 1, "vllm-off": 1}
     assert docs[30]["restarting"] == ["vllm-dspark-b8", "vllm-dspark-b8-av"]
@@ -261,7 +262,7 @@ async def test_gate_and_action_move_the_pools_as_the_plan_says(sim, action):
 
 async def test_errors_reach_the_plan_document_and_the_controller_carries_on(sim, action):
     del sim.statefulsets["vllm-dspark-b8-av"]
-    act = GatedActuator(PlanGate(restart_s=30.0, order=pool_order("vllm-")), action, "vllm-")
+    act = GatedActuator(PlanGate(restart_s=15.0, order=pool_order("vllm-")), action, "vllm-")
     regs = {f"vllm-dspark-b8-{i}": regime(f"vllm-dspark-b8-{i}", "dspark-b8", "dspark-b8-av", 2.0) for i in range(2)}
     for t in range(0, 40):
         doc = await act.apply(regs, float(t))
