@@ -359,10 +359,14 @@ class PlanGate:
         """`credit`: the predicted advantage accumulated over the streak, integral of (gain - 1) dt;
         its mean over the streak must reach `min_gain` (a gain that hovers around the
         margin earns less, but single ticks below it do not end the streak)."""
-        # (A credit summed tick by tick carries rounding: a gain held at exactly min_gain passes.)
-        mean_ok = streak_s > 0 and credit / streak_s >= self.min_gain - 1.0 - 1e-9
         cost = self.cost_s(downtime_loss)
-        return streak_s >= self.min_confirm_s and credit >= cost and mean_ok and self._outlasts(credit, streak_s, cost)
+        return (streak_s >= self.min_confirm_s and credit >= cost and self._mean_ok(credit, streak_s)
+                and self._outlasts(credit, streak_s, cost))
+
+    def _mean_ok(self, credit: float, streak_s: float) -> bool:
+        """The streak's mean gain reaches `min_gain` (the gate's check and its forecast's).
+        A credit summed tick by tick carries rounding: a gain held at exactly min_gain passes."""
+        return streak_s > 0 and credit / streak_s >= self.min_gain - 1.0 - 1e-9
 
     def expected_left_s(self, streak_s: float) -> float:
         """How much longer a regime that has lasted `streak_s` is expected to, from the n
@@ -416,7 +420,7 @@ class PlanGate:
         """Seconds until `pays_back` holds (and the replica's interval has passed) at a steady `gain`."""
         g, need = gain - 1.0, self.min_gain - 1.0
         waits = [self.min_confirm_s - streak, (cost - credit) / g]
-        if not (streak > 0 and credit / streak >= need):
+        if not self._mean_ok(credit, streak):
             if g <= need:
                 return None
             waits.append((need * streak - credit) / (g - need))  # (credit + g t) / (streak + t) = need
